@@ -1,0 +1,26 @@
+"""Embedded default: a tiny random GLM-Image trained on a built-in reward on a laptop CPU.
+
+`python main.py --config=configs/demo.py --workdir=/tmp/glmrl_demo`
+"""
+
+import os
+
+from configs import common
+
+
+def get_config(arg=None):
+  del arg
+  c = common.base_config()
+  c.model.preset = "tiny"
+  c.data.prompts_file = os.path.join(os.path.dirname(__file__), "data", "demo_prompts.txt")
+  c.data.height = 64
+  c.data.width = 64
+  c.data.prompts_per_step = 2
+  c.sampling.dit_steps = 4
+  c.grpo.group_size = 8
+  c.optim.learning_rate = 3e-3
+  c.optim.warmup_steps = 2
+  c.train.num_steps = 60
+  c.checkpoint.save_interval = 20
+  c.log.image_interval = 10
+  return c

@@ -1,0 +1,107 @@
+"""The clipped GRPO policy loss with optional KL to a reference policy."""
+
+import jax.numpy as jnp
+
+from glmrl.grpo._checks import choice, is_static, same_shape
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+
+
+def kl_estimate(logp, ref_logp, kl):
+  """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1/k2/k3)."""
+  log_ratio = ref_logp - logp
+  if kl == "k1":
+    return -log_ratio
+  if kl == "k2":
+    return 0.5 * jnp.square(log_ratio)
+  return jnp.exp(log_ratio) - log_ratio - 1.0
+
+
+def policy_loss(logp, old_logp, advantages, mask, *, epsilon_low=0.2, epsilon_high=None,
+                ref_logp=None, beta=0.0, kl="k3", aggregation="seq_mean_token_mean",
+                max_tokens=None):
+  """GRPO surrogate loss over [batch, tokens] log-probs; returns (loss, aux).
+
+  Per token: -min(r A, clip(r, 1 - epsilon_low, 1 + epsilon_high) A) with
+  r = exp(logp - old_logp), plus beta * KL(pi || pi_ref) when beta != 0 and
+  ref_logp is given. aux["numerator"] / aux["denominator"] == loss, and both add
+  up across micro-batches (pass max_tokens for seq_mean_token_sum_norm).
+  """
+  logp, old_logp, mask = jnp.asarray(logp), jnp.asarray(old_logp), jnp.asarray(mask)
+  advantages = jnp.asarray(advantages)
+  if logp.ndim != 2:
+    raise ValueError(f"logp must be [batch, tokens], got shape {tuple(logp.shape)}")
+  same_shape("old_logp", old_logp, "logp", logp)
+  same_shape("mask", mask, "logp", logp)
+  if tuple(advantages.shape) != (logp.shape[0],):
+    raise ValueError(
+        f"advantages has shape {tuple(advantages.shape)}; expected ({logp.shape[0]},), one per sequence")
+  if ref_logp is not None:
+    ref_logp = jnp.asarray(ref_logp)
+    same_shape("ref_logp", ref_logp, "logp", logp)
+  choice("kl", kl, KL_ESTIMATORS)
+  choice("aggregation", aggregation, AGGREGATIONS)
+  if epsilon_high is None:
+    epsilon_high = epsilon_low
+  for name, eps in (("epsilon_low", epsilon_low), ("epsilon_high", epsilon_high)):
+    if is_static(eps) and not 0.0 <= eps:
+      raise ValueError(f"{name}={eps} must be >= 0")
+  if is_static(epsilon_low) and not epsilon_low < 1.0:
+    raise ValueError(f"epsilon_low={epsilon_low} must be < 1 (the ratio's lower bound 1 - epsilon_low must be positive)")
+  if max_tokens is not None:
+    if aggregation != "seq_mean_token_sum_norm":
+      raise ValueError(f"max_tokens={max_tokens} only applies to aggregation='seq_mean_token_sum_norm', "
+                       f"not {aggregation!r}")
+    if not is_static(max_tokens) or int(max_tokens) != max_tokens or max_tokens < 1:
+      raise ValueError(f"max_tokens={max_tokens!r} must be a positive integer")
+
+  f32 = jnp.float32
+  logp_BxT, old_BxT = logp.astype(f32), old_logp.astype(f32)
+  mask_BxT = mask.astype(f32)
+  adv_Bx1 = advantages.astype(f32)[:, None]
+  batch, length = logp_BxT.shape
+
+  ratio_BxT = jnp.exp(logp_BxT - old_BxT)
+  lo, hi = 1.0 - epsilon_low, 1.0 + epsilon_high
+  surrogate_BxT = jnp.minimum(ratio_BxT * adv_Bx1, jnp.clip(ratio_BxT, lo, hi) * adv_Bx1)
+  per_token_BxT = -surrogate_BxT
+
+  use_kl = ref_logp is not None and not (is_static(beta) and beta == 0)
+  if use_kl:
+    kl_BxT = kl_estimate(logp_BxT, ref_logp.astype(f32), kl)
+    per_token_BxT = per_token_BxT + jnp.asarray(beta, f32) * kl_BxT
+
+  token_sum_B = jnp.sum(per_token_BxT * mask_BxT, axis=1)
+  count_B = jnp.sum(mask_BxT, axis=1)
+  if aggregation == "seq_mean_token_mean":
+    # A sequence without tokens contributes 0 (not NaN) but still counts in the batch.
+    numerator = jnp.sum(jnp.where(count_B > 0, token_sum_B / jnp.maximum(count_B, 1.0), 0.0))
+    denominator = jnp.asarray(batch, f32)
+  elif aggregation == "token_mean":
+    numerator = jnp.sum(token_sum_B)
+    denominator = jnp.sum(count_B)
+  else:
+    numerator = jnp.sum(token_sum_B)
+    denominator = jnp.asarray(batch * (length if max_tokens is None else int(max_tokens)), f32)
+  loss = jnp.where(denominator > 0, numerator / jnp.maximum(denominator, 1e-30), 0.0)
+
+  valid_BxT = mask_BxT > 0
+  n_valid = jnp.maximum(jnp.sum(valid_BxT), 1)
+
+  def masked_mean(x_BxT):
+    return jnp.sum(jnp.where(valid_BxT, x_BxT, 0.0)) / n_valid
+
+  any_valid = jnp.any(valid_BxT)
+  aux = {
+      "numerator": numerator,
+      "denominator": denominator,
+      "ratio_mean": masked_mean(ratio_BxT),
+      "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(valid_BxT, ratio_BxT, jnp.inf)), 1.0),
+      "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(valid_BxT, ratio_BxT, -jnp.inf)), 1.0),
+      # Tokens whose clipped branch is active (their gradient is zero).
+      "clip_frac_low": masked_mean(((ratio_BxT < lo) & (adv_Bx1 < 0)).astype(f32)),
+      "clip_frac_high": masked_mean(((ratio_BxT > hi) & (adv_Bx1 > 0)).astype(f32)),
+      "kl_mean": masked_mean(kl_BxT) if use_kl else jnp.zeros((), f32),
+  }
+  return loss, aux

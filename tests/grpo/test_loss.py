@@ -1,0 +1,156 @@
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from glmrl.grpo import policy_loss
+from tests.grpo import reference
+
+AGGREGATIONS = ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
+
+
+def make_batch(seed=0, B=4, T=6):
+  rng = np.random.default_rng(seed)
+  old = rng.normal(-2.0, 0.5, size=(B, T)).astype(np.float32)
+  logp = (old + rng.normal(0, 0.3, size=(B, T))).astype(np.float32)
+  ref = (old + rng.normal(0, 0.2, size=(B, T))).astype(np.float32)
+  adv = rng.normal(size=B).astype(np.float32)
+  mask = (rng.random((B, T)) > 0.3).astype(np.float32)
+  mask[1] = 0.0  # a sequence without tokens
+  return logp, old, ref, adv, mask
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("kl,beta", [("k1", 0.1), ("k2", 0.05), ("k3", 0.2), ("k3", 0.0)])
+def test_matches_reference(aggregation, kl, beta):
+  logp, old, ref, adv, mask = make_batch()
+  loss, aux = policy_loss(logp, old, adv, mask, epsilon_low=0.2, epsilon_high=0.28, ref_logp=ref,
+                          beta=beta, kl=kl, aggregation=aggregation)
+  per_tok, klv = reference.per_token_loss(logp, old, adv, 0.2, 0.28, ref, beta, kl)
+  want = reference.aggregate(per_tok, mask, aggregation)
+  np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(aux["numerator"] / aux["denominator"], loss, rtol=1e-6)
+  valid = mask > 0
+  ratio = np.exp(logp.astype(np.float64) - old)[valid]
+  np.testing.assert_allclose(aux["ratio_mean"], ratio.mean(), rtol=1e-5)
+  np.testing.assert_allclose(aux["ratio_min"], ratio.min(), rtol=1e-5)
+  np.testing.assert_allclose(aux["ratio_max"], ratio.max(), rtol=1e-5)
+  np.testing.assert_allclose(aux["kl_mean"], klv[valid].mean() if beta else 0.0, rtol=1e-5, atol=1e-7)
+  a = np.broadcast_to(adv[:, None], mask.shape)[valid]
+  r = np.exp(logp.astype(np.float64) - old)[valid]
+  np.testing.assert_allclose(aux["clip_frac_low"], np.mean((r < 0.8) & (a < 0)), atol=1e-7)
+  np.testing.assert_allclose(aux["clip_frac_high"], np.mean((r > 1.28) & (a > 0)), atol=1e-7)
+
+
+def test_kl_skipped_without_reference_or_beta():
+  logp, old, ref, adv, mask = make_batch()
+  base, _ = policy_loss(logp, old, adv, mask)
+  np.testing.assert_array_equal(policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.0)[0], base)
+  np.testing.assert_array_equal(policy_loss(logp, old, adv, mask, beta=0.5)[0], base)
+  assert policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.5)[0] != base
+
+
+def test_on_policy_ratio_is_one_and_loss_is_minus_advantage():
+  logp, _, _, adv, mask = make_batch()
+  loss, aux = policy_loss(logp, logp, adv, mask, aggregation="seq_mean_token_mean")
+  assert aux["ratio_min"] == 1.0 and aux["ratio_max"] == 1.0
+  has_tokens = mask.sum(1) > 0
+  np.testing.assert_allclose(loss, -np.sum(adv * has_tokens) / len(adv), rtol=1e-6)
+
+
+@pytest.mark.parametrize("adv,log_ratio,clipped", [
+    (1.5, 0.1, False),    # A > 0 inside the range
+    (1.5, 0.5, True),     # A > 0 above 1 + eps_high: clipped, zero gradient
+    (1.5, -0.5, False),   # A > 0 below the range: unclipped (pessimistic min)
+    (-1.5, -0.1, False),  # A < 0 inside the range
+    (-1.5, -0.5, True),   # A < 0 below 1 - eps_low: clipped, zero gradient
+    (-1.5, 0.5, False),   # A < 0 above the range: unclipped
+])
+def test_gradient_in_each_clip_region(adv, log_ratio, clipped):
+  old = jnp.full((1, 1), -1.0)
+  logp = old + log_ratio
+  grad = jax.grad(lambda lp: policy_loss(lp, old, jnp.array([adv]), jnp.ones((1, 1)),
+                                         epsilon_low=0.2, epsilon_high=0.3)[0])(logp)
+  # d/dlogp of -r A is -r A where the unclipped branch is active.
+  want = 0.0 if clipped else -np.exp(log_ratio) * adv
+  np.testing.assert_allclose(grad[0, 0], want, rtol=1e-6, atol=1e-12)
+  # And against a central finite difference of the float64 reference.
+  h = 1e-6
+  f = lambda lr: reference.per_token_loss([[-1.0 + lr]], [[-1.0]], [adv], 0.2, 0.3)[0][0, 0]
+  np.testing.assert_allclose(grad[0, 0], (f(log_ratio + h) - f(log_ratio - h)) / (2 * h), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kl", ["k1", "k2", "k3"])
+def test_kl_gradient(kl):
+  logp, old, ref, adv, mask = make_batch(3)
+  fn = lambda lp: policy_loss(lp, jax.lax.stop_gradient(lp), adv * 0, mask, ref_logp=ref, beta=1.0, kl=kl,
+                              aggregation="token_mean")[0]
+  grad = np.asarray(jax.grad(fn)(jnp.asarray(logp)))
+  d = ref.astype(np.float64) - logp
+  per_tok = {"k1": np.ones_like(d), "k2": -d, "k3": 1 - np.exp(d)}[kl]
+  np.testing.assert_allclose(grad, per_tok * mask / mask.sum(), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_micro_batches_accumulate_to_full_batch(aggregation):
+  logp, old, ref, adv, mask = make_batch(5, B=6, T=5)
+  kw = dict(ref_logp=ref, beta=0.1, aggregation=aggregation)
+  if aggregation == "seq_mean_token_sum_norm":
+    kw["max_tokens"] = 8
+  full, _ = policy_loss(logp, old, adv, mask, **kw)
+  num = den = 0.0
+  for s in (slice(0, 2), slice(2, 6)):
+    kws = dict(kw, ref_logp=ref[s])
+    _, aux = policy_loss(logp[s], old[s], adv[s], mask[s], **kws)
+    num, den = num + aux["numerator"], den + aux["denominator"]
+  np.testing.assert_allclose(num / den, full, rtol=1e-6)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_jit_equals_eager(aggregation):
+  logp, old, ref, adv, mask = make_batch(7)
+  fn = functools.partial(policy_loss, epsilon_low=0.1, epsilon_high=0.3, beta=0.05, kl="k2", aggregation=aggregation)
+  eager = fn(logp, old, adv, mask, ref_logp=ref)
+  jitted = jax.jit(fn)(logp, old, adv, mask, ref_logp=ref)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), eager, jitted)
+
+
+def test_bfloat16_inputs_compute_in_float32():
+  logp, old, ref, adv, mask = make_batch(9)
+  cast = lambda x: jnp.asarray(x, jnp.bfloat16)
+  loss, aux = policy_loss(cast(logp), cast(old), cast(adv), cast(mask), ref_logp=cast(ref), beta=0.1)
+  assert loss.dtype == jnp.float32 and all(v.dtype == jnp.float32 for v in aux.values())
+  as64 = lambda x: np.asarray(cast(x), np.float64)
+  per_tok, _ = reference.per_token_loss(as64(logp), as64(old), as64(adv), 0.2, 0.2, as64(ref), 0.1)
+  np.testing.assert_allclose(loss, reference.aggregate(per_tok, mask, "seq_mean_token_mean"), rtol=1e-5)
+
+
+def test_empty_mask_gives_zero_not_nan():
+  logp, old, _, adv, _ = make_batch()
+  for aggregation in AGGREGATIONS:
+    loss, aux = policy_loss(logp, old, adv, np.zeros_like(logp), aggregation=aggregation)
+    assert loss == 0.0 and np.isfinite(aux["ratio_mean"])
+
+
+def test_errors():
+  logp, old, ref, adv, mask = make_batch()
+  with pytest.raises(ValueError, match=r"old_logp has shape \(4, 5\) but logp has shape \(4, 6\)"):
+    policy_loss(logp, old[:, :5], adv, mask)
+  with pytest.raises(ValueError, match=r"mask has shape \(1, 6\)"):
+    policy_loss(logp, old, adv, mask[:1])
+  with pytest.raises(ValueError, match=r"advantages has shape \(4, 1\); expected \(4,\)"):
+    policy_loss(logp, old, adv[:, None], mask)
+  with pytest.raises(ValueError, match=r"ref_logp has shape \(6,\)"):
+    policy_loss(logp, old, adv, mask, ref_logp=ref[0], beta=0.1)
+  with pytest.raises(ValueError, match="kl='k4'"):
+    policy_loss(logp, old, adv, mask, kl="k4")
+  with pytest.raises(ValueError, match="aggregation='sum'"):
+    policy_loss(logp, old, adv, mask, aggregation="sum")
+  with pytest.raises(ValueError, match="epsilon_low=1.5"):
+    policy_loss(logp, old, adv, mask, epsilon_low=1.5)
+  with pytest.raises(ValueError, match="max_tokens=8 only applies"):
+    policy_loss(logp, old, adv, mask, max_tokens=8)
+  with pytest.raises(ValueError, match="max_tokens=0"):
+    policy_loss(logp, old, adv, mask, aggregation="seq_mean_token_sum_norm", max_tokens=0)
