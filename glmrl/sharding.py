@@ -6,6 +6,10 @@ names onto the mesh axes `data`, `fsdp`, `tensor`; a name without a rule (or
 `None`) is replicated.
 """
 
+import jax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
 # Logical names used by the models.
 EMBED = "embed"        # model (residual stream) width
 MLP = "mlp"            # feed-forward hidden width
@@ -26,3 +30,68 @@ DEFAULT_RULES = (
     (CONV_IN, None),
     (CONV_OUT, "fsdp"),
 )
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# Rollout / batch dimensions are split over both data-parallel axes.
+BATCH_AXES = ("data", "fsdp")
+
+
+def mesh_shape(data: int, fsdp: int, tensor: int, num_devices: int) -> tuple[int, int, int]:
+  """Resolves the single -1 ("the rest") and checks the product equals num_devices."""
+  sizes = [data, fsdp, tensor]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"mesh (data={data}, fsdp={fsdp}, tensor={tensor}): at most one axis may be -1")
+  known = 1
+  for s in sizes:
+    if s != -1:
+      if s < 1:
+        raise ValueError(f"mesh axis size {s} must be >= 1 or -1")
+      known *= s
+  if -1 in sizes:
+    if num_devices % known:
+      raise ValueError(f"mesh (data={data}, fsdp={fsdp}, tensor={tensor}) does not divide {num_devices} devices")
+    sizes[sizes.index(-1)] = num_devices // known
+  if sizes[0] * sizes[1] * sizes[2] != num_devices:
+    raise ValueError(f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} != {num_devices} devices")
+  return tuple(sizes)
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None):
+  """A ("data", "fsdp", "tensor") mesh over `devices` (default: all)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(data, fsdp, tensor, len(devices))
+  return jax.make_mesh(shape, MESH_AXES, devices=devices,
+                       axis_types=(jax.sharding.AxisType.Explicit,) * 3)
+
+
+def logical_to_spec(names, shape, mesh, rules=DEFAULT_RULES):
+  """PartitionSpec for one array: each logical name mapped by `rules`.
+
+  A dimension whose size does not divide over its mesh axis (tiny test models),
+  or whose mesh axis is already used by another dimension, stays replicated.
+  """
+  table = dict(rules)
+  used, spec = set(), []
+  for name, size in zip(names or (None,) * len(shape), shape):
+    axis = table.get(name) if name is not None else None
+    if axis is None or axis in used or size % mesh.shape[axis]:
+      spec.append(None)
+    else:
+      used.add(axis)
+      spec.append(axis)
+  return PartitionSpec(*spec)
+
+
+def state_shardings(abstract_state, mesh, rules=DEFAULT_RULES):
+  """NamedShardings for an nnx State (abstract or concrete) from its Params' `out_sharding` names."""
+  def one(variable):
+    names = variable.get_metadata().get("out_sharding")
+    return variable.replace(
+        NamedSharding(mesh, logical_to_spec(names, variable.shape, mesh, rules)))
+
+  return jax.tree.map(one, abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def batch_sharding(mesh, ndim: int):
+  """Leading (batch) dimension over data x fsdp, the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))

@@ -1,0 +1,111 @@
+"""Per-step metrics to tensorboard, `metrics.jsonl` and the console; sample grids to PNG."""
+
+import json
+import math
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tensorboardX
+from absl import logging
+from PIL import Image
+
+from glmrl.logging.images import make_grid
+
+
+def _to_float(key: str, value: Any) -> float:
+  try:
+    arr = np.asarray(value)
+  except Exception as e:  # noqa: BLE001  (anything not array-like)
+    raise ValueError(f"metric {key!r}: value {value!r} is not a number") from e
+  if arr.size != 1 or arr.dtype.kind not in "biuf":
+    raise ValueError(f"metric {key!r}: value must be a real scalar, got {arr.dtype} {arr.shape}")
+  return float(arr.reshape(()))
+
+
+def _check_step(step: Any) -> int:
+  if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+    raise ValueError(f"step={step!r} must be a non-negative integer")
+  return int(step)
+
+
+def sample_captions(prompts: Sequence[str], rewards) -> list[str]:
+  """'<reward> | <prompt>' per sample."""
+  rewards = np.asarray(rewards, np.float64).reshape(-1)
+  if len(prompts) != rewards.size:
+    raise ValueError(f"got {len(prompts)} prompts for {rewards.size} rewards")
+  return [f"{r:.4g} | {p}" for p, r in zip(prompts, rewards)]
+
+
+class MetricsWriter:
+  """Writes scalars and sample grids for a run directory `workdir`.
+
+  `<workdir>/metrics.jsonl` gets one object per `write_scalars` call, e.g.
+  `{"step": 3, "reward/mean": 0.41}`; non-finite values are written as null.
+  Tensorboard event files go to `workdir`, sample grids to `<workdir>/samples/`.
+  """
+
+  def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True):
+    self.workdir = os.fspath(workdir)
+    self.samples_dir = os.path.join(self.workdir, "samples")
+    self.metrics_path = os.path.join(self.workdir, "metrics.jsonl")
+    os.makedirs(self.samples_dir, exist_ok=True)
+    self._jsonl = open(self.metrics_path, "a", encoding="utf-8")
+    self._tb = tensorboardX.SummaryWriter(logdir=self.workdir) if tensorboard else None
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> dict[str, float | None]:
+    """Logs floats-convertible scalars for `step`; returns the row written to metrics.jsonl."""
+    step = _check_step(step)
+    values = {}
+    for key, value in scalars.items():
+      if not isinstance(key, str) or not key or key == "step":
+        raise ValueError(f"metric key {key!r} must be a non-empty string other than 'step'")
+      values[key] = _to_float(key, value)
+    row = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in sorted(values.items())}}
+    self._jsonl.write(json.dumps(row, allow_nan=False) + "\n")
+    self._jsonl.flush()  # a crashed run keeps every completed step
+    if self._tb is not None:
+      # Non-finite values make tensorboardX print a warning per call; metrics.jsonl and the console keep them.
+      for key, value in values.items():
+        if math.isfinite(value):
+          self._tb.add_scalar(key, value, step)
+    logging.info("step %d | %s", step, " | ".join(f"{k} {v:.4g}" for k, v in sorted(values.items())))
+    return row
+
+  def write_images(self, step: int, images_uint8, captions: Sequence[str] | None = None, *,
+                   tag: str = "samples", ncols: int | None = None) -> str:
+    """Writes a captioned grid to tensorboard and `<workdir>/samples/<tag>_<step>.png`; returns the path."""
+    step = _check_step(step)
+    if not isinstance(tag, str) or not tag:
+      raise ValueError(f"tag={tag!r} must be a non-empty string")
+    grid = make_grid(images_uint8, captions, ncols)
+    if self._tb is not None:
+      self._tb.add_image(tag, grid, step, dataformats="HWC")
+    safe_tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", tag)
+    path = os.path.join(self.samples_dir, f"{safe_tag}_{step:08d}.png")
+    Image.fromarray(grid).save(path, format="PNG")
+    return path
+
+  def write_samples(self, step: int, images_uint8, prompts: Sequence[str], rewards, *,
+                    tag: str = "samples", ncols: int | None = None) -> str:
+    """`write_images` with '<reward> | <prompt>' captions."""
+    return self.write_images(step, images_uint8, sample_captions(prompts, rewards), tag=tag, ncols=ncols)
+
+  def flush(self) -> None:
+    self._jsonl.flush()
+    if self._tb is not None:
+      self._tb.flush()
+
+  def close(self) -> None:
+    if not self._jsonl.closed:
+      self._jsonl.close()
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()

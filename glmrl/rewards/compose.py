@@ -1,0 +1,139 @@
+"""Weighted composition of registered rewards, with optional per-group standardisation.
+
+Config: a list of entries `{"name": str, "weight": float}` with the optional
+keys `"normalize": bool` (standardise this reward within each group of
+`group_size` consecutive rows before weighting) and `"kwargs": dict` (passed to
+the reward function). The components returned for logging are the raw scores,
+before normalisation and weighting.
+"""
+
+import inspect
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from glmrl.rewards import registry
+
+_ENTRY_KEYS = ("name", "weight", "normalize", "kwargs")
+
+
+def group_normalize(scores, group_size: int):
+  """Standardises scores[B] within consecutive groups (population std); constant groups give exactly 0."""
+  if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size <= 0:
+    raise ValueError(f"group_size={group_size!r} must be a positive integer")
+  scores = jnp.asarray(scores, jnp.float32)
+  if scores.ndim != 1 or scores.shape[0] % group_size:
+    raise ValueError(f"scores of shape {scores.shape} is not a vector whose length is divisible by "
+                     f"group_size={group_size}")
+  s_GxN = scores.reshape(-1, group_size)
+  centered_GxN = s_GxN - s_GxN.mean(axis=1, keepdims=True)
+  std_Gx1 = jnp.sqrt(jnp.square(centered_GxN).mean(axis=1, keepdims=True))
+  # max == min is exact, whereas mean/std of equal floats can leave rounding residue.
+  constant_Gx1 = s_GxN.max(axis=1, keepdims=True) == s_GxN.min(axis=1, keepdims=True)
+  safe_std_Gx1 = jnp.where(constant_Gx1, 1.0, std_Gx1)
+  return jnp.where(constant_Gx1, 0.0, centered_GxN / safe_std_Gx1).reshape(-1)
+
+
+class RewardComposer:
+  """Scores a batch with several rewards: `(images, prompts, metadata) -> (total[B], {name: scores[B]})`."""
+
+  def __init__(self, config: Sequence[Any], *, group_size: int | None = None):
+    if isinstance(config, (str, bytes)) or not isinstance(config, Sequence) or not config:
+      raise ValueError(f"reward config {config!r} must be a non-empty list of {{name, weight}} entries")
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer))
+                                   or group_size <= 0):
+      raise ValueError(f"group_size={group_size!r} must be a positive integer or None")
+    self.group_size = None if group_size is None else int(group_size)
+    self.entries = tuple(self._parse_entry(i, e) for i, e in enumerate(config))
+    seen = [e["name"] for e in self.entries]
+    dupes = sorted({n for n in seen if seen.count(n) > 1})
+    if dupes:
+      raise ValueError(f"reward config lists {dupes} more than once; give one entry per reward")
+    self._jax_scores_jit = jax.jit(self.jax_scores)
+
+  def _parse_entry(self, i: int, entry: Any) -> dict[str, Any]:
+    if hasattr(entry, "to_dict"):  # ml_collections.ConfigDict
+      entry = entry.to_dict()
+    if not isinstance(entry, Mapping):
+      raise ValueError(f"reward config entry {i} ({entry!r}) must be a mapping with name and weight")
+    unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+    if unknown:
+      raise ValueError(f"reward config entry {i}: unknown key(s) {unknown}; allowed: {list(_ENTRY_KEYS)} "
+                       "(reward arguments go under 'kwargs')")
+    if "name" not in entry or "weight" not in entry:
+      raise ValueError(f"reward config entry {i} ({dict(entry)!r}) needs both 'name' and 'weight'")
+    reward = registry.get(entry["name"])
+    weight = entry["weight"]
+    if isinstance(weight, bool) or not isinstance(weight, (int, float, np.number)) or not math.isfinite(weight):
+      raise ValueError(f"reward {reward.name!r}: weight={weight!r} must be a finite number")
+    normalize = entry.get("normalize", False)
+    if not isinstance(normalize, bool):
+      raise ValueError(f"reward {reward.name!r}: normalize={normalize!r} must be a bool")
+    if normalize and self.group_size is None:
+      raise ValueError(f"reward {reward.name!r} has normalize=True, which needs group_size")
+    kwargs = entry.get("kwargs") or {}
+    if hasattr(kwargs, "to_dict"):
+      kwargs = kwargs.to_dict()
+    if not isinstance(kwargs, Mapping):
+      raise ValueError(f"reward {reward.name!r}: kwargs={kwargs!r} must be a mapping")
+    try:
+      inspect.signature(reward.fn).bind(None, None, None, **kwargs)
+    except TypeError as e:
+      raise ValueError(f"reward {reward.name!r}: bad kwargs {dict(kwargs)!r}: {e}") from e
+    return {"name": reward.name, "reward": reward, "weight": float(weight), "normalize": normalize,
+            "kwargs": dict(kwargs)}
+
+  @property
+  def names(self) -> list[str]:
+    return [e["name"] for e in self.entries]
+
+  def jax_scores(self, images, metadata: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """Raw scores of the pure-JAX rewards only; traceable (prompts are passed as None)."""
+    return {e["name"]: jnp.asarray(e["reward"](images, None, metadata, **e["kwargs"]), jnp.float32)
+            for e in self.entries if e["reward"].pure_jax}
+
+  def host_scores(self, images, prompts: Sequence[str], metadata: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Raw scores of the host-side rewards only, on numpy inputs."""
+    images = np.asarray(images)
+    return {e["name"]: np.asarray(e["reward"](images, prompts, metadata, **e["kwargs"]), np.float32)
+            for e in self.entries if not e["reward"].pure_jax}
+
+  def combine(self, components: Mapping[str, Any]):
+    """Weighted sum of the components, each standardised per group first where configured."""
+    total = 0.0
+    for e in self.entries:
+      s = jnp.asarray(components[e["name"]], jnp.float32)
+      if e["normalize"]:
+        s = group_normalize(s, self.group_size)
+      total = total + e["weight"] * s
+    return total
+
+  def __call__(self, images, prompts: Sequence[str], metadata: Mapping[str, Any] | None = None):
+    """Returns (total float32[B], {name: raw float32[B]}) as numpy arrays."""
+    if not hasattr(images, "shape"):
+      images = np.asarray(images)
+    registry.check_images(images, "composition")
+    batch = images.shape[0]
+    if isinstance(prompts, str):
+      raise ValueError(f"prompts must be a list of {batch} strings, got the single string {prompts!r}")
+    if len(prompts) != batch:
+      raise ValueError(f"got {len(prompts)} prompts for {batch} images")
+    if self.group_size is not None and batch % self.group_size:
+      raise ValueError(f"batch of {batch} images is not divisible by group_size={self.group_size}")
+    metadata = dict(metadata or {})
+    array_metadata = {k: v for k, v in metadata.items()
+                      if isinstance(v, (np.ndarray, jax.Array))
+                      and (jnp.issubdtype(v.dtype, jnp.number) or v.dtype == np.bool_)}
+    scores = {}
+    if any(e["reward"].pure_jax for e in self.entries):
+      scores.update(jax.device_get(self._jax_scores_jit(images, array_metadata)))
+    scores.update(self.host_scores(images, prompts, metadata))
+    for name, s in scores.items():
+      if np.shape(s) != (batch,):
+        raise ValueError(f"reward {name!r} returned shape {np.shape(s)}, expected ({batch},)")
+    components = {e["name"]: np.asarray(scores[e["name"]], np.float32) for e in self.entries}
+    total = np.asarray(self.combine(components), np.float32)
+    return total, components

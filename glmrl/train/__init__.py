@@ -1,0 +1,1 @@
+"""GRPO training of the GLM-Image AR generator: optimizer, train step, loop."""

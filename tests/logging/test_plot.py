@@ -1,0 +1,69 @@
+import json
+
+import glmrl  # noqa: F401
+import numpy as np
+import pytest
+from PIL import Image
+
+from glmrl.logging import plot_metric, read_metric
+from glmrl.logging.plot import nice_ticks
+
+LINE = np.array([31, 119, 180])
+
+
+def _write(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return path
+
+
+def test_plot_png_has_size_and_rising_line(tmp_path):
+  rows = [{"step": s, "reward/mean": 0.1 + 0.01 * s, "loss": 1.0} for s in range(0, 50, 2)]
+  path = _write(tmp_path / "metrics.jsonl", rows)
+  out = plot_metric(path, "reward/mean", tmp_path / "plots" / "reward.png", width=500, height=300)
+  im = Image.open(out)
+  assert im.format == "PNG" and im.size == (500, 300) and im.mode == "RGB"
+  a = np.asarray(im).astype(int)
+  ys, xs = np.nonzero(np.abs(a - LINE).sum(-1) < 30)
+  assert len(xs) > 200
+  left, right = ys[xs < xs.min() + 10].mean(), ys[xs > xs.max() - 10].mean()
+  assert left > right + 100  # rising values: the line ends higher (smaller row) than it starts
+  # Axis labels and tick labels put dark pixels outside the plot area (left and bottom margins).
+  assert (a[:, :60].sum(-1) < 200).sum() > 50 and (a[-45:].sum(-1) < 200).sum() > 50
+
+
+def test_read_metric_skips_nulls_and_keeps_last_value_per_step(tmp_path):
+  path = tmp_path / "m.jsonl"
+  path.write_text("\n".join([
+      json.dumps({"step": 0, "r": 1.0}), json.dumps({"step": 1, "r": None}), "",
+      json.dumps({"step": 2, "x": 3.0}), json.dumps({"step": 3, "r": 4.0}),
+      json.dumps({"step": 1, "r": 2.0}),  # a resumed run re-logging step 1
+      json.dumps({"step": 3, "r": None}),
+  ]))
+  assert read_metric(path, "r") == ([0.0, 1.0], [1.0, 2.0])
+
+
+def test_single_point_and_constant_series(tmp_path):
+  path = _write(tmp_path / "m.jsonl", [{"step": 5, "r": 0.0}])
+  assert Image.open(plot_metric(path, "r", tmp_path / "a.png")).size == (640, 400)
+  path = _write(tmp_path / "n.jsonl", [{"step": s, "r": 2.0} for s in range(3)])
+  assert Image.open(plot_metric(path, "r", tmp_path / "b.png")).size == (640, 400)
+
+
+def test_errors(tmp_path):
+  path = _write(tmp_path / "m.jsonl", [{"step": 0, "a": 1.0}, {"step": 1, "b": None}])
+  with pytest.raises(ValueError, match=r"no finite values for key 'b'; keys present: \['a', 'b', 'step'\]"):
+    plot_metric(path, "b", tmp_path / "x.png")
+  path.write_text('{"step": 0, "a": 1}\n{"step": \n')
+  with pytest.raises(ValueError, match="m.jsonl:2: bad JSON"):
+    read_metric(path, "a")
+  with pytest.raises(ValueError, match="too small"):
+    plot_metric(path, "a", tmp_path / "x.png", width=10, height=10)
+
+
+@pytest.mark.parametrize("lo,hi,want", [
+    (0, 48, [0, 10, 20, 30, 40, 50]),
+    (0.1, 0.58, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]),
+    (-3, 7, [-4, -2, 0, 2, 4, 6, 8]),
+])
+def test_nice_ticks(lo, hi, want):
+  np.testing.assert_allclose(nice_ticks(lo, hi), want, atol=1e-12)
