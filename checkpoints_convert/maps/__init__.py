@@ -1,0 +1,1 @@
+"""Key maps (HF <-> Flax rule tables), one module per checkpoint component."""

@@ -1,0 +1,1 @@
+"""Flax NNX ports of GLM-Image's components."""

@@ -1,0 +1,1 @@
+"""Sampling: the autoregressive token sampler, its log-probs, and the flow-matching scheduler."""
