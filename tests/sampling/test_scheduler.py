@@ -17,8 +17,9 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift, retrieve_timesteps
 
 from glmrl.sampling import scheduler as S
+from tests import shared_facts
 
-CONFIG = json.loads(pathlib.Path("/work/shared/glm_image/scheduler_config.json").read_text())
+CONFIG = shared_facts.read_json("scheduler_config.json")
 CASES = [(50, 1024, 1024), (30, 768, 1152), (1, 512, 512), (7, 2048, 1024), (28, 1280, 736)]
 
 

@@ -1,0 +1,140 @@
+"""One DiT denoising step with classifier-free guidance: ours (jitted) vs diffusers.
+
+Both models hold the same random weights (copied through the key map) and see the same
+inputs; a step is the pipeline's pair of calls (conditional with the glyph embeddings,
+unconditional with the negative ones and every prior token dropped) plus the guidance
+combination. With --i2i the conditional branch also reads a source-image KV cache and
+the unconditional one skips it, as in image-to-image. Prints the median time of each
+and the ratio, and the largest output difference.
+
+    python bench/dit_step.py --layers=4 --heads=8 --head_dim=64 --latent=32 --text_len=64 --batch=2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def parse_args():
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--heads", type=int, default=8)
+  p.add_argument("--head_dim", type=int, default=64)
+  p.add_argument("--latent", type=int, default=32, help="latent height = width (pixels / 8)")
+  p.add_argument("--text_len", type=int, default=64)
+  p.add_argument("--batch", type=int, default=2)
+  p.add_argument("--reps", type=int, default=5)
+  p.add_argument("--i2i", action="store_true", help="condition on one source image through the KV cache")
+  p.add_argument("--single_thread", action="store_true",
+                 help="one intra-op thread for both torch and XLA (fairer on an oversubscribed machine)")
+  return p.parse_args()
+
+
+ARGS = parse_args()
+if ARGS.single_thread:  # XLA reads its flags when jax is first imported
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+
+import glmrl  # noqa: E402,F401
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from glmrl.models.dit import DiTConfig  # noqa: E402
+from tests.models.dit import torch_ref  # noqa: E402
+
+
+def interleaved_medians(fns, reps: int) -> list[float]:
+  """Median wall time of each function, timed in alternation so that load from other
+  processes on a shared machine falls on all of them alike."""
+  for fn in fns:
+    fn()  # warm-up (compilation for ours)
+  times = [[] for _ in fns]
+  for _ in range(reps):
+    for fn, ts in zip(fns, times):
+      t0 = time.perf_counter()
+      fn()
+      ts.append(time.perf_counter() - t0)
+  return [statistics.median(ts) for ts in times]
+
+
+def main():
+  if ARGS.single_thread:
+    torch.set_num_threads(1)
+  args = ARGS
+  cfg = DiTConfig(num_layers=args.layers, num_attention_heads=args.heads, attention_head_dim=args.head_dim,
+                  text_embed_dim=256, time_embed_dim=256, condition_dim=64, prior_vq_quantizer_codebook_size=1024)
+  ref = torch_ref.reference(cfg, seed=0)
+  model = torch_ref.ported(ref, cfg)
+  x = torch_ref.t2i_inputs(cfg, seed=1, batch=args.batch, height=args.latent, width=args.latent,
+                           text_len=args.text_len)
+  negative = np.random.default_rng(2).standard_normal(x["glyph_embeds"].shape).astype(np.float32)
+  ids = x["prior_token_ids"]
+  guidance = 1.5
+
+  ref_caches, cache = None, None
+  if args.i2i:
+    src = torch_ref.t2i_inputs(cfg, seed=3, batch=1, height=args.latent, width=args.latent, text_len=0)
+    src.update(timestep=np.zeros((1,), np.float32))
+    ref_caches = GlmImageKVCache(num_layers=cfg.num_layers)
+    ref_caches.set_mode("write")
+    torch_ref.ref_forward(ref, **src, prior_token_drop=np.zeros(src["prior_token_ids"].shape, bool),
+                          kv_caches=ref_caches)
+    ref_caches.next_sample()
+    _, cache = model(**src, cache_mode="write")
+
+  @nnx.jit
+  def ours_step(model, latents, ids, glyph, negative, timestep, size, crop, cache):
+    read = dict(kv_cache=cache, cache_mode="read") if cache is not None else {}
+    cond = model(latents, ids, glyph, timestep, size, crop, **read)
+    cond = cond[0] if cache is not None else cond
+    uncond = model(latents, ids, negative, timestep, size, crop, prior_token_drop=True)
+    return uncond + guidance * (cond - uncond)
+
+  j = {k: jnp.asarray(v) for k, v in x.items()}
+
+  def run_ours():
+    return ours_step(model, j["latents"], j["prior_token_ids"], j["glyph_embeds"], jnp.asarray(negative),
+                     j["timestep"], j["target_size"], j["crop_coords"], cache).block_until_ready()
+
+  def run_ref():
+    if ref_caches is not None:
+      ref_caches.set_mode("read")
+    cond = torch_ref.ref_forward(ref, **x, prior_token_drop=np.zeros(ids.shape, bool), kv_caches=ref_caches)
+    if ref_caches is not None:
+      ref_caches.set_mode("skip")
+    uncond = torch_ref.ref_forward(ref, **{**x, "glyph_embeds": negative}, prior_token_drop=np.ones(ids.shape, bool),
+                                   kv_caches=ref_caches)
+    return uncond + guidance * (cond - uncond)
+
+  t0 = time.perf_counter()
+  run_ours()
+  compile_s = time.perf_counter() - t0
+  diff = float(np.max(np.abs(np.asarray(run_ours()) - run_ref())))
+  ours_s, ref_s = interleaved_medians([run_ours, run_ref], args.reps)
+  n_params = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  print(f"config: {args.layers} layers, {args.heads}x{args.head_dim} heads, {n_params / 1e6:.1f}M params, "
+        f"batch {args.batch}, latents {args.latent}x{args.latent} ({(args.latent // 2) ** 2} image tokens), "
+        f"{args.text_len} glyph tokens, {'i2i (KV cache read/skip)' if args.i2i else 't2i'}")
+  print(f"devices: jax {jax.devices()[0].platform} x{jax.device_count()} "
+        f"({'1 thread' if args.single_thread else 'default threads'}), torch CPU threads {torch.get_num_threads()}")
+  print(f"ours (jit, first call incl. compile): {compile_s:.3f} s")
+  print(f"ours (jit):  {ours_s * 1e3:.1f} ms / step (median of {args.reps}, interleaved)")
+  print(f"diffusers:   {ref_s * 1e3:.1f} ms / step (median of {args.reps}, interleaved)")
+  print(f"ratio diffusers / ours: {ref_s / ours_s:.2f}x")
+  print(f"max |ours - diffusers| of the guided prediction: {diff:.2e}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,76 @@
+"""AR target-grid tokens -> pixels: DiT flow-matching denoising with classifier-free guidance, then VAE.
+
+The whole denoising loop is one compiled `lax.fori_loop`; the DiT runs the conditional branch
+(prior tokens, glyph embeddings, source-image KV cache read) and the unconditional branch (prior
+tokens dropped, the empty prompt's glyph embedding, cache skipped) at every step, as
+`GlmImagePipeline` does.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax import struct
+
+from glmrl.models.dit import kv_cache as kvc
+from glmrl.sampling.scheduler import euler_step_at
+
+
+def upsample_prior_tokens(grid_BxHxW: jax.Array) -> jax.Array:
+  """Nearest x2 upsampling of the AR token grid to the DiT patch grid, row-major: [B, 4HW]."""
+  up = jnp.repeat(jnp.repeat(grid_BxHxW, 2, axis=1), 2, axis=2)
+  return up.reshape(up.shape[0], -1)
+
+
+def to_uint8(images_BxHxWx3: jax.Array) -> jax.Array:
+  """Decoder output in [-1, 1] -> uint8, as diffusers' VaeImageProcessor.postprocess."""
+  x = jnp.clip(images_BxHxWx3.astype(jnp.float32) * 0.5 + 0.5, 0.0, 1.0)
+  return jnp.round(x * 255.0).astype(jnp.uint8)
+
+
+@struct.dataclass
+class Conditioning:
+  """Per-sample DiT conditioning of one batch (all [B, ...])."""
+  prior_ids_BxN: jax.Array     # upsampled AR target-grid tokens
+  glyph_BxSxD: jax.Array       # ByT5 glyph embeddings of the prompt
+  glyph_mask_BxS: jax.Array    # False on padding glyph tokens
+  neg_glyph_BxSxD: jax.Array   # glyph embeddings of the empty (negative) prompt
+  neg_glyph_mask_BxS: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("dit_def", "vae_def"))
+def denoise_and_decode(dit_def, dit_state, vae_def, vae_state, cond: Conditioning, latents_BxCxhxw,
+                       model_timesteps_S, sigmas_S1, guidance_scale, target_size_Bx2, crop_Bx2,
+                       source_cache: kvc.DiTKVCache | None = None):
+  """Runs the S denoising steps from `latents` and decodes: (uint8 images [B, H, W, 3], latents)."""
+  dit = nnx.merge(dit_def, dit_state)
+  vae = nnx.merge(vae_def, vae_state)
+  latents = denoise(dit, cond, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
+                    target_size_Bx2, crop_Bx2, source_cache)
+  images = vae.decode_normalized(jnp.transpose(latents, (0, 2, 3, 1)).astype(vae.cfg.dtype))
+  return to_uint8(images), latents
+
+
+def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
+            target_size_Bx2, crop_Bx2, source_cache=None):
+  """The pipeline's Euler loop with CFG: v = v_u + g (v_c - v_u); x <- x + (s' - s) v."""
+  batch = latents_BxCxhxw.shape[0]
+  drop_uncond = jnp.ones((batch, 1), bool)
+  read = "read" if source_cache is not None else None
+  skip = "skip" if source_cache is not None else None
+
+  def velocity(x, t, glyph, mask, drop, mode):
+    out = dit(x, cond.prior_ids_BxN, glyph, jnp.full((batch,), t), target_size_Bx2, crop_Bx2,
+              prior_token_drop=drop, glyph_mask=mask, kv_cache=source_cache, cache_mode=mode)
+    return (out[0] if mode else out).astype(jnp.float32)
+
+  def step(i, x):
+    t = model_timesteps_S[i]
+    v_cond = velocity(x, t, cond.glyph_BxSxD, cond.glyph_mask_BxS, False, read)
+    v_uncond = velocity(x, t, cond.neg_glyph_BxSxD, cond.neg_glyph_mask_BxS, drop_uncond, skip)
+    return euler_step_at(sigmas_S1, i, x, v_uncond + guidance_scale * (v_cond - v_uncond))
+
+  return jax.lax.fori_loop(0, model_timesteps_S.shape[0], step, latents_BxCxhxw.astype(jnp.float32))
