@@ -35,6 +35,11 @@ class Permute:
       raise ValueError(f"rank {len(hf_shape)} tensor for permutation {self.perm}")
     return tuple(hf_shape[p] for p in self.perm)
 
+  def hf_shape(self, flax_shape: Sequence[int]) -> tuple[int, ...]:
+    if len(flax_shape) != len(self.perm):
+      raise ValueError(f"rank {len(flax_shape)} tensor for permutation {self.perm}")
+    return tuple(int(flax_shape[p]) for p in np.argsort(self.perm))
+
 
 @dataclasses.dataclass(frozen=True)
 class Reshape:
@@ -53,6 +58,11 @@ class Reshape:
       raise ValueError(f"expected {self.hf} for reshape, got {tuple(hf_shape)}")
     return self.flax
 
+  def hf_shape(self, flax_shape):
+    if tuple(flax_shape) != self.flax:
+      raise ValueError(f"expected {self.flax} for reshape, got {tuple(flax_shape)}")
+    return self.hf
+
 
 @dataclasses.dataclass(frozen=True)
 class Identity:
@@ -64,6 +74,9 @@ class Identity:
 
   def flax_shape(self, hf_shape):
     return tuple(hf_shape)
+
+  def hf_shape(self, flax_shape):
+    return tuple(flax_shape)
 
 
 IDENTITY = Identity()

@@ -20,6 +20,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.mode = "t2i"  # "t2i" (text-to-image) or "i2i" (image-to-image: records carry source_images).
   c.data.height = 1024  # Target image height in pixels (multiple of 32).
   c.data.width = 1024  # Target image width in pixels (multiple of 32).
+  c.data.max_prompt_tokens = 128  # Fixed (left-padded) prompt length incl. grid tokens: one compilation.
+  c.data.max_glyph_tokens = 64  # Glyph (quoted text) tokens are padded and masked to a multiple of this.
   c.data.prompts_per_step = 2  # Distinct prompts per rollout batch; the batch is prompts_per_step * group_size.
 
   c.sampling = ml_collections.ConfigDict()
@@ -42,6 +44,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.grpo.scale = "group"  # Advantage scaling: "group", "batch" or "none".
   c.grpo.estimator = "grpo"  # Advantage baseline: "grpo" (group mean) or "rloo" (leave-one-out).
   c.grpo.drop_zero_variance_groups = False  # Exclude groups whose rewards are all equal from the update.
+  c.grpo.loss_tokens = "all"  # Tokens in the loss: "all" generated tokens, or only the "target" grid's.
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 1e-5  # Peak AdamW learning rate.

@@ -48,6 +48,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     _check(values[key] >= 1, key, values[key], "must be >= 1")
   for key in ("config.model.param_dtype", "config.model.compute_dtype"):
     _check(values[key] in DTYPES, key, values[key], f"must be one of {DTYPES}")
+  _check(values["config.grpo.loss_tokens"] in ("all", "target"), "config.grpo.loss_tokens",
+         values["config.grpo.loss_tokens"], "must be 'all' or 'target'")
   _check(values["config.model.preset"] in ("tiny", "full"), "config.model.preset", values["config.model.preset"],
          "must be 'tiny' or 'full'")
   _check(values["config.sampling.temperature"] > 0, "config.sampling.temperature",

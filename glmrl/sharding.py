@@ -60,8 +60,8 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None):
   """A ("data", "fsdp", "tensor") mesh over `devices` (default: all)."""
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(data, fsdp, tensor, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, devices=devices,
-                       axis_types=(jax.sharding.AxisType.Explicit,) * 3)
+  # Auto axes: shardings are fixed at the jit boundaries and propagated by XLA inside.
+  return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
 
 def logical_to_spec(names, shape, mesh, rules=DEFAULT_RULES):

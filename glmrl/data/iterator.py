@@ -99,9 +99,10 @@ class PromptIterator:
       if self._index == len(order):
         self._epoch += 1
         self._index = 0
-    return self._make_batch(picked)
+    return self.make_batch(picked)
 
-  def _make_batch(self, indices: list[int]) -> PromptBatch:
+  def make_batch(self, indices: list[int]) -> PromptBatch:
+    """The batch of the records at `indices` (images loaded and resized)."""
     recs = [self._records[i] for i in indices]
     metadata: dict[str, Any] = {}
     if recs[0].target_image is not None:

@@ -5,3 +5,15 @@ from glmrl.logging.metrics import MetricsWriter, sample_captions
 from glmrl.logging.plot import plot_metric, read_metric
 
 __all__ = ["MetricsWriter", "make_grid", "plot_metric", "read_metric", "sample_captions"]
+
+
+def quiet_library_logs() -> None:
+  """Keeps the console to one progress line per step: drops INFO chatter of checkpointing libraries."""
+  import logging as std_logging
+  from absl import logging as absl_logging
+
+  class _Filter(std_logging.Filter):
+    def filter(self, record):
+      return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
+
+  absl_logging.get_absl_logger().addFilter(_Filter())

@@ -1,0 +1,49 @@
+"""Command line: HF folder -> Flax/Orbax (default) or back with --to_hf."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from checkpoints_convert import flax_to_hf
+from checkpoints_convert import hf_to_flax
+
+
+def parse_args(argv):
+  p = argparse.ArgumentParser(prog="python -m checkpoints_convert", description=__doc__)
+  p.add_argument("--hf_dir", help="GLM-Image HF folder to convert (one sub-folder per component)")
+  p.add_argument("--out_dir", help="where the Flax/Orbax checkpoint is written")
+  p.add_argument("--to_hf", action="store_true", help="export an Orbax checkpoint to HF safetensors")
+  p.add_argument("--ckpt_dir", help="converted checkpoint, or a training run's checkpoints/ folder")
+  p.add_argument("--hf_out_dir", help="where the HF folder is written (--to_hf)")
+  p.add_argument("--step", type=int, default=None, help="training step to export (default: latest)")
+  p.add_argument("--max_shard_size", default=flax_to_hf.DEFAULT_MAX_SHARD_SIZE,
+                 help="shard safetensors above this size, e.g. 5GB or 500MiB (--to_hf)")
+  args = p.parse_args(argv)
+  if args.to_hf:
+    wrong = [f"--{n}" for n in ("hf_dir", "out_dir") if getattr(args, n)]
+    if not args.ckpt_dir or not args.hf_out_dir or wrong:
+      p.error("--to_hf takes --ckpt_dir and --hf_out_dir" + (f", not {' '.join(wrong)}" if wrong else ""))
+  else:
+    wrong = [f"--{n}" for n in ("ckpt_dir", "hf_out_dir", "step") if getattr(args, n) is not None]
+    if not args.hf_dir or not args.out_dir or wrong:
+      p.error("conversion takes --hf_dir and --out_dir" + (f", not {' '.join(wrong)} (use --to_hf)" if wrong else ""))
+  return args
+
+
+def main(argv=None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    if args.to_hf:
+      flax_to_hf.export(args.ckpt_dir, args.hf_out_dir, step=args.step,
+                        max_shard_size=args.max_shard_size)
+    else:
+      hf_to_flax.convert(args.hf_dir, args.out_dir)
+  except (ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

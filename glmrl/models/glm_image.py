@@ -1,0 +1,149 @@
+"""All of GLM-Image's components together: consistent configs, abstract models, parameters.
+
+Parameters are built from abstract shapes (`nnx.eval_shape`) straight onto their shardings:
+either a jitted random init (presets) or a restore of a converted checkpoint
+(`python -m checkpoints_convert` output), so a full-size model is never materialised on one host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from glmrl import sharding as sharding_lib
+from glmrl.models.ar.config import ARConfig
+from glmrl.models.ar.image_processing import ImageProcessorConfig
+from glmrl.models.ar.model import GlmImageAR
+from glmrl.models.dit.config import DiTConfig
+from glmrl.models.dit.model import GlmImageDiT
+from glmrl.models.glyph.config import T5EncoderConfig
+from glmrl.models.glyph.t5 import T5Encoder
+from glmrl.models.vae.config import VAEConfig
+from glmrl.models.vae.model import AutoencoderKL
+from glmrl.sampling.scheduler import SchedulerConfig
+
+# name -> (checkpoint sub-folder, model class)
+COMPONENTS = {
+    "ar": ("vision_language_encoder", GlmImageAR),
+    "dit": ("transformer", GlmImageDiT),
+    "vae": ("vae", AutoencoderKL),
+    "glyph": ("text_encoder", T5Encoder),
+}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class GlmImageConfigs:
+  ar: ARConfig
+  dit: DiTConfig
+  vae: VAEConfig
+  glyph: T5EncoderConfig
+  scheduler: SchedulerConfig
+  image_processor: ImageProcessorConfig
+
+  def check_consistent(self) -> None:
+    """The components must agree on the sizes they exchange."""
+    pairs = (
+        ("transformer prior_vq_quantizer_codebook_size", self.dit.prior_vq_quantizer_codebook_size,
+         "vision_language_encoder vq num_embeddings", self.ar.vq.num_embeddings),
+        ("transformer text_embed_dim", self.dit.text_embed_dim, "text_encoder d_model", self.glyph.d_model),
+        ("transformer in_channels", self.dit.in_channels, "vae latent_channels", self.vae.latent_channels),
+        ("vae scale factor x transformer patch_size x 2", self.vae.scale_factor * self.dit.patch_size * 2,
+         "the AR token size (32 px)", 32),
+    )
+    for name_a, a, name_b, b in pairs:
+      if a != b:
+        raise ValueError(f"inconsistent GLM-Image components: {name_a}={a} but {name_b}={b}")
+
+
+def preset_configs(name: str) -> GlmImageConfigs:
+  """`full`: the released sizes; `tiny`: a small model whose components fit together (tests, demo)."""
+  if name == "full":
+    return GlmImageConfigs(ARConfig.full(), DiTConfig.full(), VAEConfig.full(), T5EncoderConfig.full(),
+                           SchedulerConfig.full(), ImageProcessorConfig())
+  if name != "tiny":
+    raise ValueError(f"unknown preset {name!r}; expected 'tiny' or 'full'")
+  ar = ARConfig.tiny()
+  # A text vocabulary wide enough for a word-level demo tokenizer.
+  ar = dataclasses.replace(ar, text=dataclasses.replace(ar.text, vocab_size=512))
+  glyph = T5EncoderConfig.tiny()
+  vae = VAEConfig.tiny(block_out_channels=(8, 8, 16, 16))  # 8x downsampling, as released
+  dit = DiTConfig.tiny(prior_vq_quantizer_codebook_size=ar.vq.num_embeddings, text_embed_dim=glyph.d_model,
+                       in_channels=vae.latent_channels, out_channels=vae.latent_channels)
+  return GlmImageConfigs(ar, dit, vae, glyph, SchedulerConfig.full(), ImageProcessorConfig.tiny())
+
+
+def checkpoint_configs(checkpoint_dir: str) -> GlmImageConfigs:
+  """Configs of a converted GLM-Image folder (each component's config.json)."""
+  def read(*parts):
+    path = os.path.join(checkpoint_dir, *parts)
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"{path} not found: is {checkpoint_dir} a converted GLM-Image folder "
+                              "(python -m checkpoints_convert --hf_dir=... --out_dir=...)?")
+    with open(path) as f:
+      return json.load(f)
+
+  processor_dir = os.path.join(checkpoint_dir, "processor")
+  preprocessor = os.path.join(processor_dir, "preprocessor_config.json")
+  image_cfg = ImageProcessorConfig.from_hf(read("processor", "preprocessor_config.json")) \
+      if os.path.isfile(preprocessor) else ImageProcessorConfig()
+  return GlmImageConfigs(
+      ar=ARConfig.from_hf(read("vision_language_encoder", "config.json")),
+      dit=DiTConfig.from_hf(read("transformer", "config.json")),
+      vae=VAEConfig.from_hf(read("vae", "config.json")),
+      glyph=T5EncoderConfig.from_hf(read("text_encoder", "config.json")),
+      scheduler=SchedulerConfig.from_hf(read("scheduler", "scheduler_config.json")),
+      image_processor=image_cfg)
+
+
+def with_dtypes(configs: GlmImageConfigs, *, param_dtype, compute_dtype, remat: bool) -> GlmImageConfigs:
+  """The trained AR model takes the run's dtypes and remat; frozen models compute in compute_dtype."""
+  replace = dataclasses.replace
+  return replace(
+      configs,
+      ar=replace(configs.ar, param_dtype=param_dtype, dtype=compute_dtype, remat=remat),
+      dit=replace(configs.dit, param_dtype=compute_dtype, dtype=compute_dtype),
+      vae=replace(configs.vae, param_dtype=compute_dtype, dtype=compute_dtype),
+      glyph=replace(configs.glyph, param_dtype=compute_dtype, dtype=compute_dtype))
+
+
+def abstract_model(name: str, cfg):
+  """(graphdef, abstract param state) of one component, no memory allocated."""
+  _, cls = COMPONENTS[name]
+  model = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(model)
+  return graphdef, state
+
+
+def init_params(name: str, cfg, seed: int, shardings):
+  """Random parameters of one component, created directly on `shardings` by one jitted init."""
+  _, cls = COMPONENTS[name]
+
+  def init():
+    return nnx.split(cls(cfg, rngs=nnx.Rngs(seed)))[1]
+
+  return jax.jit(init, out_shardings=shardings)()
+
+
+def load_params(checkpoint_dir: str, name: str, abstract_state, shardings):
+  """A converted component's parameters restored onto `shardings`."""
+  from checkpoints_convert.hf_to_flax import load_params as restore  # converter owns the on-disk layout
+
+  folder, _ = COMPONENTS[name]
+  return restore(os.path.join(checkpoint_dir, folder), abstract_state, shardings)
+
+
+def build(name: str, cfg, *, mesh=None, checkpoint_dir: str = "", seed: int = 0):
+  """(graphdef, params) of one component: restored from checkpoint_dir, or randomly initialised."""
+  graphdef, abstract = abstract_model(name, cfg)
+  shardings = sharding_lib.state_shardings(abstract, mesh) if mesh is not None else None
+  if checkpoint_dir:
+    params = load_params(checkpoint_dir, name, abstract, shardings)
+  else:
+    params = init_params(name, cfg, seed, shardings)
+  return graphdef, params

@@ -1,0 +1,172 @@
+"""`python main.py --mode=train`: the GRPO loop over rollouts, updates, logging and checkpoints."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+from flax import nnx
+
+from glmrl.checkpoint import StopSignal, TrainCheckpointer
+from glmrl.logging import MetricsWriter, quiet_library_logs
+from glmrl.train import evaluate as evaluate_lib
+from glmrl.train import optimizer as optimizer_lib
+from glmrl.train import rollout as rollout_lib
+from glmrl.train import setup as setup_lib
+from glmrl.train import step as step_lib
+
+
+class NonFiniteError(RuntimeError):
+  """Too many consecutive steps with a NaN or infinite loss or reward."""
+
+
+def update_spec(run, prompt_len: int, layout) -> step_lib.UpdateSpec:
+  cfg = run.config
+  micro = cfg.train.micro_batch_size or run.batch_size
+  return step_lib.UpdateSpec(
+      prompt_len=prompt_len, layout=layout, sampling=run.pipeline.spec.sampling,
+      micro_batches=run.batch_size // micro, epsilon_low=float(cfg.grpo.epsilon_low),
+      epsilon_high=float(cfg.grpo.epsilon_high), beta=float(cfg.grpo.beta), kl=cfg.grpo.kl,
+      aggregation=cfg.grpo.aggregation, remat=cfg.model.remat)
+
+
+class Trainer:
+  """Holds the run's state between steps; `step()` does one rollout and its updates."""
+
+  def __init__(self, config, workdir: str):
+    self.config, self.workdir = config, workdir
+    self.run = setup_lib.build(config)
+    run = self.run
+    logging.info("trainable AR parameters: %d (frozen: %d)", setup_lib.num_params(run.trainable),
+                 setup_lib.num_params(run.frozen))
+    self.tx, self.schedule = optimizer_lib.make_optimizer(config.optim, config.train.num_steps)
+    # Optimizer state is created on the parameters' shardings (jit propagates them).
+    self.opt_state = jax.jit(self.tx.init)(run.trainable)
+    self.params = run.trainable
+    # The frozen reference policy: a copy of the initial parameters, only when the KL term is on.
+    self.ref_params = jax.tree.map(jnp.copy, run.trainable) if config.grpo.beta > 0 else None
+    self.root_key = jax.random.key(config.seed)
+    self.step_index = 0
+    self.checkpointer = TrainCheckpointer(workdir, config.checkpoint.save_interval, config.checkpoint.max_to_keep,
+                                          ar_hf_config=run.pipeline.configs.ar.to_hf())
+    self.writer = MetricsWriter(workdir)
+    self.nonfinite_run = 0
+    self.nonfinite_total = 0
+    self._compiled = {}
+    self._restore()
+
+  # ------------------------------------------------------------- checkpoints
+  def _restore(self):
+    latest = self.checkpointer.latest_step()
+    if latest is None:
+      return
+    abstract = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), t)
+    full_params = self._full_ar_params()
+    params, opt_state, key, meta = self.checkpointer.restore(latest, abstract(full_params),
+                                                             abstract(self.opt_state), self.root_key)
+    self.params = _select(params, self.params)
+    self.opt_state = opt_state
+    self.root_key = key
+    self.step_index = int(meta["step"])
+    self.run.iterator.restore(meta["data"])
+    self.nonfinite_total = int(meta.get("nonfinite_total", 0))
+    logging.info("resumed from %s at step %d", self.checkpointer.directory, self.step_index)
+
+  def _full_ar_params(self):
+    """The whole AR generator's params (trained + frozen parts), as converted checkpoints hold them."""
+    return nnx.merge_state(self.params, self.run.frozen)
+
+  def save(self, *, force: bool = False):
+    meta = {"step": self.step_index, "data": self.run.iterator.state(), "nonfinite_total": self.nonfinite_total}
+    return self.checkpointer.save(self.step_index, self._full_ar_params(), self.opt_state, self.root_key, meta,
+                                  force=force)
+
+  # -------------------------------------------------------------- the step
+  def _fns(self, prompt_len: int, layout):
+    """The jitted log-prob and update functions of a prompt shape (one of each per run)."""
+    key = (prompt_len, layout)
+    if key not in self._compiled:
+      spec = update_spec(self.run, prompt_len, layout)
+      logprob_fn = jax.jit(functools.partial(step_lib.rollout_logprobs, self.run.ar_graphdef, spec=spec))
+      self._compiled[key] = (logprob_fn, step_lib.make_update(self.run.ar_graphdef, spec, self.tx, self.schedule))
+    return self._compiled[key]
+
+  def step(self) -> dict:
+    """One rollout batch and `num_iterations` policy updates; returns the logged scalars."""
+    cfg, run = self.config, self.run
+    t0 = time.perf_counter()
+    data_batch = next(run.iterator)
+    # Keys derive from (seed, step): a resumed run draws what an uninterrupted one would.
+    key = jax.random.fold_in(self.root_key, self.step_index)
+    rollout, (_, update_fn), images, total, timings, extra, prompts = rollout_lib.collect(
+        run, data_batch, key, self.params, self.ref_params, self._fns)
+    t1 = time.perf_counter()
+    metrics = {}
+    skipped = not bool(jnp.all(jnp.isfinite(total)))
+    if not skipped:
+      for it in range(cfg.grpo.num_iterations):
+        self.params, self.opt_state, m = update_fn(self.params, run.frozen, self.opt_state, rollout)
+        if it == 0:
+          # On-policy check: the first iteration's ratio is exactly 1.
+          metrics.update({f"first_iter/{k}": m[k] for k in ("ratio/mean", "ratio/min", "ratio/max")})
+        metrics.update(m)
+        skipped = skipped or bool(m["skipped"])
+    t2 = time.perf_counter()
+
+    self.nonfinite_run = self.nonfinite_run + 1 if skipped else 0
+    self.nonfinite_total += int(skipped)
+    self.step_index += 1
+    scalars = jax.device_get({**extra, **metrics})
+    tokens = rollout.old_logp.shape[0] * rollout.old_logp.shape[1]
+    scalars.update({
+        "time/rollout": timings["rollout"], "time/reward": timings["reward"], "time/update": t2 - t1,
+        "time/step": t2 - t0,
+        "throughput/samples_per_s": run.batch_size / max(timings["rollout"], 1e-9),
+        "throughput/tokens_per_s": tokens / max(timings["rollout"], 1e-9),
+        "nonfinite/skipped_total": self.nonfinite_total,
+    })
+    self.writer.write_scalars(self.step_index, scalars)
+    if cfg.log.image_interval and (self.step_index % cfg.log.image_interval == 0 or self.step_index == 1):
+      self.writer.write_samples(self.step_index, jax.device_get(images), prompts, jax.device_get(total),
+                                tag="train_samples", ncols=run.group_size)
+    if self.nonfinite_run >= cfg.train.max_consecutive_nonfinite:
+      raise NonFiniteError(f"{self.nonfinite_run} consecutive steps had a non-finite loss or reward (step "
+                           f"{self.step_index}); stopping (config.train.max_consecutive_nonfinite="
+                           f"{cfg.train.max_consecutive_nonfinite})")
+    return scalars
+
+  def close(self):
+    self.checkpointer.close()
+    self.writer.close()
+
+
+def _select(full_state, like_state):
+  """The entries of `full_state` at the paths of `like_state`."""
+  flat = dict(nnx.to_flat_state(full_state))
+  return nnx.from_flat_state([(p, flat[p]) for p, _ in nnx.to_flat_state(like_state)])
+
+
+def train(config, workdir: str) -> dict:
+  """Trains until config.train.num_steps; SIGTERM / Ctrl-C save a checkpoint and return."""
+  os.makedirs(workdir, exist_ok=True)
+  quiet_library_logs()
+  trainer = Trainer(config, workdir)
+  last = {}
+  try:
+    with StopSignal() as stop:
+      while trainer.step_index < config.train.num_steps:
+        last = trainer.step()
+        trainer.save()
+        if config.eval.interval and trainer.step_index % config.eval.interval == 0:
+          evaluate_lib.run_eval(trainer.run, trainer.params, trainer.writer, trainer.step_index)
+        if stop:
+          logging.warning("stopping at step %d on %s", trainer.step_index, stop.received)
+          break
+      trainer.save(force=True)
+  finally:
+    trainer.close()
+  return last

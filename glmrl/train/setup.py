@@ -1,0 +1,165 @@
+"""Everything a run needs, built from the config: mesh, data, models, pipeline, rewards, optimizer.
+
+Every check on the inputs happens here, before any model is built or compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from glmrl import sharding as sharding_lib
+from glmrl.data import PromptIterator, load_prompts
+from glmrl.models import glm_image
+from glmrl.models.ar import tokenizer as word_tokenizer
+from glmrl.models.ar.prompt import PromptProcessor
+from glmrl.rewards import RewardComposer
+from glmrl.sampling.logprobs import SamplingConfig
+from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec
+
+# The AR model's parts that GRPO trains; the vision encoder and VQ stay frozen.
+TRAINABLE = nnx.All(nnx.Param, nnx.Not(nnx.Any(nnx.PathContains("visual"), nnx.PathContains("vq"))))
+
+
+@dataclasses.dataclass
+class Run:
+  config: object
+  mesh: jax.sharding.Mesh
+  records: list
+  eval_records: list
+  iterator: PromptIterator
+  composer: RewardComposer
+  pipeline: GlmImagePipeline
+  ar_graphdef: object
+  trainable: nnx.State
+  frozen: nnx.State
+  trainable_shardings: object
+
+  @property
+  def group_size(self) -> int:
+    return self.config.grpo.group_size
+
+  @property
+  def batch_size(self) -> int:
+    return self.config.data.prompts_per_step * self.config.grpo.group_size
+
+
+def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
+  """The global batch and every micro-batch must split evenly over data x fsdp."""
+  data, fsdp, _ = mesh_shape
+  batch = config.data.prompts_per_step * config.grpo.group_size
+  if config.grpo.group_size < 2:
+    raise ValueError(f"config.grpo.group_size={config.grpo.group_size} must be at least 2")
+  if batch % (data * fsdp):
+    raise ValueError(f"global batch prompts_per_step x group_size = {config.data.prompts_per_step} x "
+                     f"{config.grpo.group_size} = {batch} does not divide over the mesh's data x fsdp = "
+                     f"{data} x {fsdp} = {data * fsdp} devices")
+  micro = config.train.micro_batch_size or batch
+  if batch % micro:
+    raise ValueError(f"config.train.micro_batch_size={micro} does not divide the global batch {batch}")
+  if micro % (data * fsdp):
+    raise ValueError(f"config.train.micro_batch_size={micro} does not divide over data x fsdp = {data * fsdp}")
+
+
+def sampling_config(config) -> SamplingConfig:
+  s = config.sampling
+  return SamplingConfig(temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
+                        constrain_to_codebook=bool(s.constrain_to_codebook))
+
+
+def pipeline_spec(config) -> PipelineSpec:
+  return PipelineSpec(height=config.data.height, width=config.data.width, sampling=sampling_config(config),
+                      dit_steps=config.sampling.dit_steps, guidance_scale=float(config.sampling.guidance_scale),
+                      share_noise_in_group=config.sampling.share_noise_in_group,
+                      prompt_pad=config.data.max_prompt_tokens, glyph_pad=config.data.max_glyph_tokens)
+
+
+def load_records(config):
+  records = load_prompts(config.data.prompts_file)
+  eval_records = load_prompts(config.eval.prompts_file) if config.eval.prompts_file else []
+  for path, recs in ((config.data.prompts_file, records), (config.eval.prompts_file, eval_records)):
+    for r in recs:
+      if config.data.mode == "i2i" and not r.source_images:
+        raise ValueError(f"{path}:{r.line}: data.mode='i2i' needs source_images on every line")
+      if config.data.mode == "t2i" and r.source_images:
+        raise ValueError(f"{path}:{r.line}: source_images given but data.mode='t2i' (set --config.data.mode=i2i)")
+  return records, eval_records
+
+
+def model_configs(config) -> glm_image.GlmImageConfigs:
+  if config.model.checkpoint_dir:
+    configs = glm_image.checkpoint_configs(config.model.checkpoint_dir)
+  else:
+    configs = glm_image.preset_configs(config.model.preset)
+  configs.check_consistent()
+  return glm_image.with_dtypes(configs, param_dtype=glm_image.DTYPES[config.model.param_dtype],
+                               compute_dtype=glm_image.DTYPES[config.model.compute_dtype],
+                               remat=config.model.remat)
+
+
+def processors(config, configs, texts):
+  """(GLM prompt processor, ByT5 glyph tokenizer): the checkpoint's, or word-level ones for random models."""
+  from transformers import ByT5Tokenizer
+
+  ckpt = config.model.checkpoint_dir
+  if ckpt:
+    glyph_dir = os.path.join(ckpt, "tokenizer")
+    glyph_tok = ByT5Tokenizer.from_pretrained(glyph_dir) if os.path.isdir(glyph_dir) else ByT5Tokenizer()
+    return PromptProcessor.from_pretrained(ckpt), glyph_tok
+  return word_tokenizer.word_processor(configs.ar, configs.image_processor, texts), ByT5Tokenizer()
+
+
+def check_prompt_lengths(processor, records, path, config) -> None:
+  """Every text-to-image prompt must fit the fixed prompt length (one compilation per run).
+
+  Image-to-image prompts are checked when their images are tokenized (`GlmImagePipeline.prepare`).
+  """
+  limit = config.data.max_prompt_tokens
+  for r in records:
+    if r.source_images:
+      continue
+    n = processor([r.prompt], config.data.height, config.data.width).input_ids.shape[1]
+    if n > limit:
+      raise ValueError(f"{path}:{r.line}: the prompt takes {n} tokens with its grids, more than "
+                       f"config.data.max_prompt_tokens={limit}")
+
+
+def build(config) -> Run:
+  """Checks inputs, then builds the mesh, data, rewards, models and pipeline."""
+  m = config.mesh
+  mesh_shape = sharding_lib.mesh_shape(m.data, m.fsdp, m.tensor, jax.device_count())
+  check_batch(config, mesh_shape)
+  records, eval_records = load_records(config)
+  composer = RewardComposer(list(config.rewards), group_size=config.grpo.group_size)
+  if config.normalize_rewards_per_group:
+    composer = RewardComposer([dict(e.to_dict() if hasattr(e, "to_dict") else e, normalize=True)
+                               for e in config.rewards], group_size=config.grpo.group_size)
+  configs = model_configs(config)
+  processor, glyph_tokenizer = processors(config, configs, [r.prompt for r in records + eval_records])
+  check_prompt_lengths(processor, records, config.data.prompts_file, config)
+  check_prompt_lengths(processor, eval_records, config.eval.prompts_file, config)
+  iterator = PromptIterator(records, prompts_per_step=config.data.prompts_per_step, seed=config.seed,
+                            height=config.data.height, width=config.data.width)
+
+  mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor)
+  logging.info("mesh %s on %d devices", dict(mesh.shape), jax.device_count())
+  models = {}
+  for i, name in enumerate(glm_image.COMPONENTS):
+    models[name] = glm_image.build(name, getattr(configs, name), mesh=mesh,
+                                   checkpoint_dir=config.model.checkpoint_dir, seed=config.seed + i)
+  ar_graphdef, ar_params = models["ar"]
+  model = nnx.merge(ar_graphdef, ar_params)
+  graphdef, trainable, frozen = nnx.split(model, TRAINABLE, ...)
+  trainable_shardings = sharding_lib.state_shardings(trainable, mesh)
+  pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config))
+  return Run(config, mesh, records, eval_records, iterator, composer, pipeline, graphdef, trainable, frozen,
+             trainable_shardings)
+
+
+def num_params(state) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(state)))

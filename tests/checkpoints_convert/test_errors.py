@@ -1,0 +1,157 @@
+"""Bad inputs: missing / unexpected / mis-shaped keys in both directions, tied keys, CLI misuse."""
+
+import json
+import os
+import shutil
+
+import glmrl  # noqa: F401
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+
+from checkpoints_convert import components, flax_to_hf, hf_to_flax
+from checkpoints_convert.__main__ import main
+from tests.checkpoints_convert import tiny_folders
+
+VAE_WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def vae(tmp_path_factory):
+  """A tiny single-file vae/ folder, its state dict, and its conversion."""
+  root = tmp_path_factory.mktemp("vae")
+  model = tiny_folders.reference_model("vae")
+  model.save_pretrained(root / "hf" / "vae")
+  hf_to_flax.convert(str(root / "hf"), str(root / "flax"), log=lambda s: None)
+  flat = {k: np.asarray(v) for k, v in hf_to_flax.flatten(hf_to_flax.load_params(str(root / "flax" / "vae"))).items()}
+  return root, model.state_dict(), flat
+
+
+def _hf_variant(tmp_path, vae, edit):
+  """hf/vae/ with the state dict changed by `edit(dict)`, same config."""
+  root, state, _ = vae
+  sd = dict(state)
+  edit(sd)
+  d = tmp_path / "hf" / "vae"
+  d.mkdir(parents=True)
+  shutil.copy(root / "hf" / "vae" / "config.json", d)
+  safetensors.torch.save_file(sd, str(d / VAE_WEIGHTS), metadata={"format": "pt"})
+  return tmp_path / "hf"
+
+
+def _convert_fails(tmp_path, hf, *patterns):
+  with pytest.raises(ValueError) as e:
+    hf_to_flax.convert(str(hf), str(tmp_path / "out"), log=lambda s: None)
+  for p in patterns:
+    assert p in str(e.value), (p, str(e.value))
+  assert not os.path.exists(tmp_path / "out" / "vae" / "params"), "wrote before validating"
+  return str(e.value)
+
+
+def test_missing_hf_key(tmp_path, vae):
+  hf = _hf_variant(tmp_path, vae, lambda sd: sd.pop("decoder.conv_out.bias"))
+  msg = _convert_fails(tmp_path, hf, "missing (1)", "decoder.conv_out.bias", "decoder.conv_out.bias (for ")
+  assert VAE_WEIGHTS in msg  # names the file
+
+
+def test_unexpected_hf_key(tmp_path, vae):
+  hf = _hf_variant(tmp_path, vae, lambda sd: sd.update({"decoder.extra.weight": torch.zeros(3)}))
+  _convert_fails(tmp_path, hf, "unexpected (1)", "decoder.extra.weight")
+
+
+def test_mis_shaped_hf_key(tmp_path, vae):
+  key = "encoder.conv_in.weight"
+  shape = list(vae[1][key].shape)
+  bad = [shape[0] + 1] + shape[1:]
+  hf = _hf_variant(tmp_path, vae, lambda sd: sd.update({key: torch.zeros(bad)}))
+  _convert_fails(tmp_path, hf, "shape mismatch (1)", key, str(bad), str(tuple(shape[2:] + shape[1:2] + shape[:1])))
+
+
+def _orbax_variant(tmp_path, vae, edit):
+  """A converted-layout folder whose vae/params hold `edit(flat)`."""
+  root, _, flat = vae
+  flat = dict(flat)
+  edit(flat)
+  d = tmp_path / "ckpt" / "vae"
+  d.mkdir(parents=True)
+  shutil.copy(root / "flax" / "vae" / "config.json", d)
+  hf_to_flax.save_params(str(d / "params"), flat)
+  return tmp_path / "ckpt"
+
+
+@pytest.mark.parametrize("edit, patterns", [
+    (lambda f: f.pop("decoder.conv_out.bias"), ["missing (1)", "decoder.conv_out.bias"]),
+    (lambda f: f.update({"decoder.extra": np.zeros(3, np.float32)}), ["unexpected (1)", "decoder.extra"]),
+    (lambda f: f.update({"decoder.conv_out.bias": np.zeros(5, np.float32)}),
+     ["shape mismatch (1)", "decoder.conv_out.bias", "[5]"]),
+], ids=["missing", "unexpected", "mis-shaped"])
+def test_bad_orbax_params(tmp_path, vae, edit, patterns):
+  ckpt = _orbax_variant(tmp_path, vae, edit)
+  for call in (lambda: flax_to_hf.export(str(ckpt), str(tmp_path / "back"), log=lambda s: None),
+               lambda: hf_to_flax.load_params(str(ckpt / "vae"))):
+    with pytest.raises(ValueError) as e:
+      call()
+    for p in patterns:
+      assert p in str(e.value), (p, str(e.value))
+    assert str(ckpt / "vae" / "params") in str(e.value)
+  assert not os.path.exists(tmp_path / "back" / "vae" / VAE_WEIGHTS)
+
+
+def test_tied_keys(tmp_path):
+  """T5's shared / encoder.embed_tokens: both may be stored, must agree, export writes the first rule's."""
+  model = tiny_folders.reference_model("text_encoder")
+  sd = {k: v.clone() for k, v in model.state_dict().items()}
+  assert {"shared.weight", "encoder.embed_tokens.weight"} <= set(sd)
+  for case in ("equal", "differ"):
+    d = tmp_path / case / "hf" / "text_encoder"
+    d.mkdir(parents=True)
+    model.config.to_json_file(str(d / "config.json"))
+    if case == "differ":
+      sd["encoder.embed_tokens.weight"] = sd["encoder.embed_tokens.weight"] + 1
+    safetensors.torch.save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    if case == "equal":
+      hf_to_flax.convert(str(tmp_path / case / "hf"), str(tmp_path / case / "flax"), log=lambda s: None)
+      flax_to_hf.export(str(tmp_path / case / "flax"), str(tmp_path / case / "back"), log=lambda s: None)
+      back = safetensors.torch.load_file(str(tmp_path / case / "back" / "text_encoder" / "model.safetensors"))
+      assert set(back) == set(sd) - {"encoder.embed_tokens.weight"}
+      assert all(torch.equal(back[k], sd[k]) for k in back)
+    else:
+      with pytest.raises(ValueError, match="both map to embed.embedding but differ"):
+        hf_to_flax.convert(str(tmp_path / case / "hf"), str(tmp_path / case / "flax"), log=lambda s: None)
+
+
+def test_skips_absent_components_and_refuses_to_overwrite(tmp_path, vae):
+  root = vae[0]
+  logs = []
+  out = tmp_path / "out"
+  result = hf_to_flax.convert(str(root / "hf"), str(out), log=logs.append)
+  assert list(result["converted"]) == ["vae"]
+  assert sorted(result["skipped"]) == sorted(set(components.COMPONENTS) - {"vae"})
+  assert any(line.startswith("skipped transformer") for line in logs)
+  with pytest.raises(ValueError, match="already exists"):
+    hf_to_flax.convert(str(root / "hf"), str(out), log=lambda s: None)
+  (tmp_path / "back" / "vae").mkdir(parents=True)
+  (tmp_path / "back" / "vae" / "stale.txt").write_text("x")
+  with pytest.raises(ValueError, match="not empty"):
+    flax_to_hf.export(str(out), str(tmp_path / "back"), log=lambda s: None)
+
+
+def test_model_index_class_mismatch(tmp_path, vae):
+  hf = tmp_path / "hf"
+  shutil.copytree(vae[0] / "hf", hf)
+  (hf / "model_index.json").write_text(json.dumps({"vae": ["diffusers", "AutoencoderTiny"]}))
+  with pytest.raises(ValueError, match="AutoencoderTiny"):
+    hf_to_flax.convert(str(hf), str(tmp_path / "out"), log=lambda s: None)
+
+
+def test_cli_usage(tmp_path, capsys):
+  for argv in (["--hf_dir=a"], ["--to_hf", "--ckpt_dir=a"], ["--to_hf", "--hf_dir=a", "--ckpt_dir=b", "--hf_out_dir=c"],
+               ["--hf_dir=a", "--out_dir=b", "--step=3"]):
+    with pytest.raises(SystemExit) as e:
+      main(argv)
+    assert e.value.code == 2, argv
+  assert main([f"--hf_dir={tmp_path / 'nope'}", f"--out_dir={tmp_path / 'out'}"]) == 1
+  assert "nope" in capsys.readouterr().err
+  assert main(["--to_hf", f"--ckpt_dir={tmp_path}", f"--hf_out_dir={tmp_path / 'o'}", "--max_shard_size=5 apples"]) == 1
+  assert "5 apples" in capsys.readouterr().err

@@ -1,0 +1,75 @@
+"""--to_hf from a training run: CheckpointManager steps with a `params` item + ar_config.json."""
+
+import shutil
+
+import glmrl  # noqa: F401
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from checkpoints_convert import flax_to_hf, hf_to_flax
+from checkpoints_convert.__main__ import main
+from tests.checkpoints_convert import tiny_folders
+
+AR = "vision_language_encoder"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """workdir/checkpoints/{1,2}/params: step 1 an nnx.State, step 2 a pure dict of 2x the weights."""
+  root = tmp_path_factory.mktemp("train")
+  model = tiny_folders.reference_model(AR)
+  model.save_pretrained(root / "hf" / AR)
+  hf_to_flax.convert(str(root / "hf"), str(root / "flax"), log=lambda s: None)
+  state = hf_to_flax.load_params(str(root / "flax" / AR))
+  ckpt_dir = root / "workdir" / "checkpoints"
+  with ocp.CheckpointManager(ckpt_dir) as mngr:
+    mngr.save(1, args=ocp.args.Composite(params=ocp.args.StandardSave(state)))
+    doubled = jax.tree.map(lambda x: 2 * x, nnx.to_pure_dict(state))
+    mngr.save(2, args=ocp.args.Composite(params=ocp.args.StandardSave(doubled),
+                                         extra=ocp.args.JsonSave({"note": "ignored by the export"})))
+    mngr.wait_until_finished()
+  shutil.copy(root / "hf" / AR / "config.json", ckpt_dir / "ar_config.json")
+  return root, model
+
+
+def _exported_state(directory):
+  m = transformers.GlmImageForConditionalGeneration.from_pretrained(directory / AR)
+  return m.state_dict()
+
+
+def test_exports_latest_step_from_workdir(run, tmp_path):
+  root, model = run
+  result = flax_to_hf.export(str(root / "workdir"), str(tmp_path / "hf"), log=lambda s: None)
+  assert result["step"] == 2
+  got = _exported_state(tmp_path / "hf")
+  assert list(got) == list(model.state_dict())
+  for key, value in model.state_dict().items():
+    assert torch.equal(got[key], 2 * value), key
+
+
+def test_exports_given_step_via_cli(run, tmp_path):
+  root, model = run
+  ckpt = root / "workdir" / "checkpoints"
+  assert main(["--to_hf", f"--ckpt_dir={ckpt}", f"--hf_out_dir={tmp_path / 'hf'}", "--step=1"]) == 0
+  got = _exported_state(tmp_path / "hf")
+  for key, value in model.state_dict().items():
+    assert torch.equal(got[key], value), key
+  with open(tmp_path / "hf" / AR / "config.json") as f, open(ckpt / "ar_config.json") as g:
+    assert f.read() == g.read()
+  hf_to_flax.convert(str(tmp_path / "hf"), str(tmp_path / "flax"), log=lambda s: None)
+  again = hf_to_flax.flatten(hf_to_flax.load_params(str(tmp_path / "flax" / AR)))
+  first = hf_to_flax.flatten(hf_to_flax.load_params(str(root / "flax" / AR)))
+  assert set(again) == set(first)
+  for path, value in first.items():
+    np.testing.assert_array_equal(np.asarray(again[path]), np.asarray(value), err_msg=path)
+
+
+def test_unknown_step(run, tmp_path):
+  root, _ = run
+  with pytest.raises(ValueError, match=r"--step 7 .*available steps: \[1, 2\]"):
+    flax_to_hf.export(str(root / "workdir"), str(tmp_path / "hf"), step=7, log=lambda s: None)
