@@ -64,18 +64,26 @@ class GlmImageConfigs:
 def preset_configs(name: str) -> GlmImageConfigs:
   """`full`: the released sizes; `tiny`: a small model whose components fit together (tests, demo)."""
   if name == "full":
+    # The released vision encoder's patch layout; the pixel budget of the reference `smart_resize`
+    # defaults keeps condition images up to 2048 px on the 32 px token grid the decoder reads.
+    image_cfg = dataclasses.replace(ImageProcessorConfig.full(), max_pixels=2048 * 2048)
     return GlmImageConfigs(ARConfig.full(), DiTConfig.full(), VAEConfig.full(), T5EncoderConfig.full(),
-                           SchedulerConfig.full(), ImageProcessorConfig())
+                           SchedulerConfig.full(), image_cfg)
   if name != "tiny":
     raise ValueError(f"unknown preset {name!r}; expected 'tiny' or 'full'")
   ar = ARConfig.tiny()
-  # A text vocabulary wide enough for a word-level demo tokenizer.
-  ar = dataclasses.replace(ar, text=dataclasses.replace(ar.text, vocab_size=512))
+  # A text vocabulary wide enough for a word-level demo tokenizer. Condition images are tokenized
+  # as released: at half resolution in 16 px patches, one VQ token per 32 px, so their grid is the
+  # target grid the decoder upsamples x2 (ARConfig.tiny's 4 px patches would give a 4x finer one).
+  ar = dataclasses.replace(ar, text=dataclasses.replace(ar.text, vocab_size=512),
+                           vision=dataclasses.replace(ar.vision, patch_size=16, image_size=64))
+  image_cfg = ImageProcessorConfig(patch_size=16, temporal_patch_size=1, merge_size=1, min_pixels=32 * 32,
+                                   max_pixels=1024 * 1024)
   glyph = T5EncoderConfig.tiny()
   vae = VAEConfig.tiny(block_out_channels=(8, 8, 16, 16))  # 8x downsampling, as released
   dit = DiTConfig.tiny(prior_vq_quantizer_codebook_size=ar.vq.num_embeddings, text_embed_dim=glyph.d_model,
                        in_channels=vae.latent_channels, out_channels=vae.latent_channels)
-  return GlmImageConfigs(ar, dit, vae, glyph, SchedulerConfig.full(), ImageProcessorConfig.tiny())
+  return GlmImageConfigs(ar, dit, vae, glyph, SchedulerConfig.full(), image_cfg)
 
 
 def checkpoint_configs(checkpoint_dir: str) -> GlmImageConfigs:

@@ -3,7 +3,8 @@
 The whole denoising loop is one compiled `lax.fori_loop`; the DiT runs the conditional branch
 (prior tokens, glyph embeddings, source-image KV cache read) and the unconditional branch (prior
 tokens dropped, the empty prompt's glyph embedding, cache skipped) at every step, as
-`GlmImagePipeline` does.
+`GlmImagePipeline` does. Image-to-image first writes the condition images into the DiT's KV
+cache (`write_source_cache`).
 """
 
 from __future__ import annotations
@@ -74,3 +75,28 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_
     return euler_step_at(sigmas_S1, i, x, v_uncond + guidance_scale * (v_cond - v_uncond))
 
   return jax.lax.fori_loop(0, model_timesteps_S.shape[0], step, latents_BxCxhxw.astype(jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("dit_def", "vae_def"))
+def write_source_cache(dit_def, dit_state, vae_def, vae_state, images_PxNxHxWx3, prior_ids_PxNxM) -> kvc.DiTKVCache:
+  """Image-to-image: the DiT KV cache of P prompts' n condition images each, one slot per prompt.
+
+  `images`: uint8 condition images; `prior_ids`: their AR VQ grids upsampled to the DiT patch
+  grid (`upsample_prior_tokens`). As the reference pipeline: pixels to [-1, 1], the VAE
+  posterior's mode, normalised with the latent statistics, then one DiT pass in "write" mode at
+  timestep 0 with no glyph tokens and no prior token dropped, the image's own size as target
+  size and a zero crop; a prompt's later images are appended to its slot.
+  """
+  dit = nnx.merge(dit_def, dit_state)
+  vae = nnx.merge(vae_def, vae_state)
+  p, n, h, w, _ = images_PxNxHxWx3.shape
+  empty_glyph = jnp.zeros((p, 0, dit.cfg.text_embed_dim), dit.cfg.dtype)
+  size_Px2 = jnp.tile(jnp.array([[h, w]], jnp.float32), (p, 1))
+  cache = None
+  for j in range(n):
+    # The reference's operation order: uint8 / 255 in float32, then 2x - 1.
+    pixels = (images_PxNxHxWx3[:, j].astype(jnp.float32) / 255.0) * 2.0 - 1.0
+    latent_PxCxhxw = jnp.transpose(vae.encode_normalized(pixels.astype(vae.cfg.dtype)), (0, 3, 1, 2))
+    _, cache = dit(latent_PxCxhxw, prior_ids_PxNxM[:, j], empty_glyph, jnp.zeros((p,)), size_Px2,
+                   jnp.zeros((p, 2)), kv_cache=cache, cache_mode="write")
+  return cache

@@ -18,11 +18,11 @@ import numpy as np
 from flax import nnx
 from PIL import Image
 
+from glmrl import sharding as sharding_lib
 from glmrl.models.ar import image_processing
 from glmrl.models.ar import positions as positions_lib
 from glmrl.models.ar.model import merge_image_tokens
 from glmrl.models.ar.prompt import PromptBatch, PromptProcessor
-from glmrl.models.dit import kv_cache as kvc
 from glmrl.models.glm_image import GlmImageConfigs
 from glmrl.models.glyph import tokenize_glyph_texts
 from glmrl.models.glyph.texts import encode_glyph_embeds
@@ -42,6 +42,16 @@ class PipelineSpec:
   prompt_pad: int = 64   # prompt tokens are left-padded to a multiple of this
   glyph_pad: int = 32    # glyph tokens are padded (and masked) to a multiple of this
 
+  def __post_init__(self):
+    for name in ("height", "width"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0 or value % 32:
+        raise ValueError(f"PipelineSpec.{name}={value!r} must be a positive multiple of 32 (one AR token per 32 px)")
+    for name in ("dit_steps", "prompt_pad", "glyph_pad"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"PipelineSpec.{name}={value!r} must be a positive integer")
+
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
@@ -52,7 +62,8 @@ class Prepared:
   positions: np.ndarray       # [3, P, L]
   decode_positions: np.ndarray  # [P, 3, N]
   glyph: object               # GlyphTokens of the prompts
-  source_images: tuple | None  # per prompt a uint8 [n, H, W, 3] array (image-to-image)
+  source_images: np.ndarray | None = None  # uint8 [P, n, H, W, 3] condition images (image-to-image)
+  source_ids: np.ndarray | None = None     # int32 [P, n, H/32, W/32] their AR VQ token grids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +77,65 @@ def _round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
+def check_prompts(prompts) -> tuple[str, ...]:
+  """The prompts as a tuple; ValueError for an empty batch or a prompt without text."""
+  if isinstance(prompts, str):
+    raise ValueError(f"prompts must be a sequence of strings, got the single string {prompts!r:.100}")
+  prompts = tuple(prompts)
+  if not prompts:
+    raise ValueError("the prompt batch is empty")
+  for i, p in enumerate(prompts):
+    if not isinstance(p, str):
+      raise ValueError(f"prompt {i} is a {type(p).__name__} ({p!r:.100}), not a string")
+    if not p.strip():
+      raise ValueError(f"prompt {i} is {p!r}: every prompt needs text")
+  return prompts
+
+
+def check_source_images(source_images, num_prompts: int, height: int, width: int) -> np.ndarray:
+  """Condition images per prompt -> uint8 [P, n, height, width, 3]; ValueError naming what is wrong.
+
+  Each image is a uint8 [H, W, 3] array or a PIL image in mode RGB, of exactly the target size
+  (the decoder's cache-writing pass and the AR grid assume it); every prompt has n >= 1 of them.
+  """
+  if isinstance(source_images, (np.ndarray, Image.Image)) and np.ndim(source_images) < 4:
+    raise ValueError("source_images must hold one sequence of condition images per prompt, got a single image")
+  lists = [list(ims) for ims in source_images]
+  if len(lists) != num_prompts:
+    raise ValueError(f"{len(lists)} condition-image lists for {num_prompts} prompts")
+  counts = [len(ims) for ims in lists]
+  if len(set(counts)) != 1 or counts[0] == 0:
+    raise ValueError(f"every prompt needs the same number (>= 1) of condition images, got {counts} per prompt")
+  out = np.empty((num_prompts, counts[0], height, width, 3), np.uint8)
+  for i, ims in enumerate(lists):
+    for j, im in enumerate(ims):
+      where = f"condition image {j} of prompt {i}"
+      if isinstance(im, Image.Image):
+        if im.mode != "RGB":
+          raise ValueError(f"{where} has PIL mode {im.mode!r}; convert it to 'RGB'")
+        im = np.asarray(im)
+      elif not isinstance(im, np.ndarray):
+        raise ValueError(f"{where} is a {type(im).__name__}; expected a uint8 [H, W, 3] array or a PIL RGB image")
+      if im.dtype != np.uint8 or im.ndim != 3 or im.shape[-1] != 3:
+        raise ValueError(f"{where} is {im.dtype} {im.shape}; expected uint8 [H, W, 3] RGB")
+      h, w = im.shape[:2]
+      if h % 32 or w % 32:
+        raise ValueError(f"{where} is {h}x{w}; its sides must be multiples of 32")
+      if (h, w) != (height, width):
+        raise ValueError(f"{where} is {h}x{w} but the run generates {height}x{width}; condition images "
+                         "must have the target size")
+      out[i, j] = im
+  return out
+
+
 class GlmImagePipeline:
   """Holds the components (graphdef + params each) and runs generation."""
 
   def __init__(self, configs: GlmImageConfigs, models: dict, processor: PromptProcessor, glyph_tokenizer,
-               spec: PipelineSpec):
+               spec: PipelineSpec, mesh=None):
     configs.check_consistent()
     self.configs, self.models, self.processor = configs, models, processor
+    self.mesh = mesh
     self.glyph_tokenizer, self.spec = glyph_tokenizer, spec
     sched = scheduler.glm_image_schedule(spec.dit_steps, spec.height, spec.width, configs.scheduler,
                                          vae_scale_factor=configs.vae.scale_factor, patch_size=configs.dit.patch_size)
@@ -82,12 +145,19 @@ class GlmImagePipeline:
 
   # ---------------------------------------------------------------- host side
   def prepare(self, prompts, source_images=None) -> Prepared:
-    """Tokenizes prompts, merges condition-image tokens, computes positions and glyph tokens."""
+    """Tokenizes prompts, merges condition-image tokens, computes positions and glyph tokens.
+
+    `source_images[i]`: the condition images of prompt i (image-to-image), each uint8 [H, W, 3]
+    RGB (or a PIL RGB image) of the run's size; every prompt has the same number of them.
+    """
     spec, ar_cfg = self.spec, self.configs.ar
-    prompts = tuple(prompts)
+    prompts = check_prompts(prompts)
+    sources = None
     pil_images = None
     if source_images is not None:
-      pil_images = [[Image.fromarray(np.asarray(im)) for im in ims] for ims in source_images]
+      sources = check_source_images(source_images, len(prompts), spec.height, spec.width)
+      self._check_source_grid()
+      pil_images = [[Image.fromarray(im) for im in ims] for ims in sources]
     batch = self.processor(list(prompts), spec.height, spec.width, images=pil_images,
                            pad_to_multiple_of=spec.prompt_pad)
     input_ids = np.asarray(batch.input_ids)
@@ -95,16 +165,33 @@ class GlmImagePipeline:
       lengths = batch.valid.sum(axis=1).tolist()
       raise ValueError(f"prompts of {lengths} tokens exceed the fixed prompt length {spec.prompt_pad} "
                        "(config.data.max_prompt_tokens)")
+    source_ids = None
     if batch.pixel_values is not None:
       ar = self.ar_model()
       image_ids = np.asarray(ar.image_tokens(batch.pixel_values, batch.source_grid_thw))
       input_ids = merge_image_tokens(input_ids, image_ids, ar_cfg.image_token_id)
+      source_ids = image_ids.reshape(*sources.shape[:2], spec.height // 32, spec.width // 32)
     positions, decode_positions = positions_lib.rope_index(
         input_ids, batch.valid, batch.image_grid_thw, batch.images_per_sample,
         image_start_id=ar_cfg.image_start_token_id, image_end_id=ar_cfg.image_end_token_id)
     glyph = self._glyph_tokens(prompts)
-    return Prepared(prompts, batch, input_ids, positions, decode_positions, glyph,
-                    None if source_images is None else tuple(np.asarray(s) for s in source_images))
+    return Prepared(prompts, batch, input_ids, positions, decode_positions, glyph, sources, source_ids)
+
+  def _check_source_grid(self) -> None:
+    """The AR processor must tokenize a condition image onto the target's 32 px grid, which the
+    decoder reads upsampled x2 next to the image's latents."""
+    cfg, h, w = self.processor.image_cfg, self.spec.height, self.spec.width
+    if cfg.do_resize:
+      rh, rw = image_processing.smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels)
+    else:
+      rh, rw = h, w
+    grid = (rh // cfg.patch_size, rw // cfg.patch_size)
+    if grid != (h // 32, w // 32) or cfg.merge_size != 1 or cfg.temporal_patch_size != 1:
+      raise ValueError(
+          f"the AR image processor (patch_size={cfg.patch_size}, merge_size={cfg.merge_size}, temporal_patch_size="
+          f"{cfg.temporal_patch_size}, min_pixels={cfg.min_pixels}, max_pixels={cfg.max_pixels}) tokenizes a "
+          f"{h}x{w} condition image into a {grid[0]}x{grid[1]} grid, but image-to-image needs the "
+          f"{h // 32}x{w // 32} grid of one token per 32 px")
 
   def _glyph_tokens(self, prompts):
     probe = tokenize_glyph_texts(prompts, self.glyph_tokenizer)
@@ -121,12 +208,20 @@ class GlmImagePipeline:
       return nnx.merge(graphdef, params)
     return nnx.merge(graphdef, *ar_params)
 
+  def shard_batch(self, x, batch_axis: int = 0):
+    """Places a [.., B, ..] array with its batch axis split over the mesh's data x fsdp axes."""
+    if self.mesh is None:
+      return jnp.asarray(x)
+    spec = [None] * np.ndim(x)
+    spec[batch_axis] = sharding_lib.BATCH_AXES
+    return jax.device_put(x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(*spec)))
+
   def sample_tokens(self, prepared: Prepared, keys_B, group_size: int, ar_params=None):
     """AR tokens for every prompt x `group_size` samples (`ar_params`: (trainable, frozen) states)."""
-    rep = lambda x, axis=0: np.repeat(x, group_size, axis=axis)
+    rep = lambda x, axis=0: self.shard_batch(np.repeat(x, group_size, axis=axis), axis)
     return ar_sampler.generate(
         self.ar_model(ar_params), rep(prepared.input_ids), rep(prepared.batch.valid),
-        rep(prepared.positions, axis=1), rep(prepared.decode_positions), keys_B,
+        rep(prepared.positions, axis=1), rep(prepared.decode_positions), self.shard_batch(keys_B),
         layout=prepared.batch.layout, cfg=self.spec.sampling)
 
   def glyph_embeddings(self, prepared: Prepared, group_size: int) -> tuple:
@@ -148,24 +243,19 @@ class GlmImagePipeline:
     f = self.configs.vae.scale_factor
     shape = (self.configs.dit.in_channels, self.spec.height // f, self.spec.width // f)
     if self.spec.share_noise_in_group:
-      return jnp.repeat(jax.random.normal(key, (num_prompts, *shape)), group_size, axis=0)
-    return jax.random.normal(key, (num_prompts * group_size, *shape))
+      return self.shard_batch(jnp.repeat(jax.random.normal(key, (num_prompts, *shape)), group_size, axis=0))
+    return self.shard_batch(jax.random.normal(key, (num_prompts * group_size, *shape)))
 
   def source_cache(self, prepared: Prepared):
-    """Image-to-image: the DiT KV cache of the condition images, one slot per prompt."""
+    """Image-to-image: the DiT KV cache of the condition images, one slot per prompt (None for t2i)."""
     if prepared.source_images is None:
       return None
+    p, n, th, tw = prepared.source_ids.shape
+    prior_PxNxM = decode.upsample_prior_tokens(jnp.asarray(prepared.source_ids).reshape(p * n, th, tw))
     dit_def, dit_params = self.models["dit"]
     vae_def, vae_params = self.models["vae"]
-    ar = self.ar_model()
-    slots = []
-    for images in prepared.source_images:
-      cache = None
-      for image in images:
-        prior = _source_prior_tokens(ar, self.processor, image)
-        cache = _write_source(dit_def, dit_params, vae_def, vae_params, jnp.asarray(image)[None], prior, cache)
-      slots.append(cache)
-    return kvc.stack_slots(slots)
+    return decode.write_source_cache(dit_def, dit_params, vae_def, vae_params, jnp.asarray(prepared.source_images),
+                                     prior_PxNxM.reshape(p, n, -1))
 
   def decode_tokens(self, prepared: Prepared, target_BxHxW, latents, group_size: int, source_cache=None):
     """Denoise from `latents` conditioned on the target-grid tokens and decode: (uint8 images, latents)."""
@@ -180,6 +270,9 @@ class GlmImagePipeline:
                                      jnp.zeros((b, 2), jnp.float32), source_cache)
 
   def __call__(self, prompts, key, samples_per_prompt: int = 1, source_images=None, ar_params=None) -> Generated:
+    if isinstance(samples_per_prompt, bool) or not isinstance(samples_per_prompt, (int, np.integer)) \
+        or samples_per_prompt < 1:
+      raise ValueError(f"samples_per_prompt={samples_per_prompt!r} must be a positive integer")
     prepared = self.prepare(prompts, source_images)
     token_key, noise_key = jax.random.split(key)
     b = len(prepared.prompts) * samples_per_prompt
@@ -201,23 +294,3 @@ def _encode_glyph_fn(graphdef):
   if graphdef not in _GLYPH_FNS:
     _GLYPH_FNS[graphdef] = jax.jit(lambda params, tokens: encode_glyph_embeds(nnx.merge(graphdef, params), tokens))
   return _GLYPH_FNS[graphdef]
-
-
-def _source_prior_tokens(ar, processor: PromptProcessor, image) -> jax.Array:
-  """The condition image's VQ tokens on the AR grid, upsampled to the DiT patch grid: [1, N]."""
-  pixel_values, grid_thw = image_processing.preprocess([Image.fromarray(np.asarray(image))], processor.image_cfg)
-  ids = ar.image_tokens(pixel_values, grid_thw)
-  return decode.upsample_prior_tokens(ids.reshape(1, int(grid_thw[0, 1]), int(grid_thw[0, 2])))
-
-
-def _write_source(dit_def, dit_params, vae_def, vae_params, image_1xHxWx3, prior_1xN, cache):
-  """VAE-encodes one condition image and runs the DiT's cache-writing pass over it."""
-  vae = nnx.merge(vae_def, vae_params)
-  dit = nnx.merge(dit_def, dit_params)
-  pixels = image_1xHxWx3.astype(jnp.float32) / 127.5 - 1.0
-  latent = jnp.transpose(vae.encode_normalized(pixels), (0, 3, 1, 2))
-  h, w = image_1xHxWx3.shape[1:3]
-  empty_glyph = jnp.zeros((1, 0, dit.cfg.text_embed_dim), dit.cfg.dtype)
-  _, cache = dit(latent, prior_1xN, empty_glyph, jnp.zeros((1,)), jnp.array([[h, w]], jnp.float32),
-                 jnp.zeros((1, 2)), kv_cache=cache, cache_mode="write")
-  return cache

@@ -4,11 +4,15 @@ import optax
 
 
 def learning_rate_schedule(optim_cfg, num_steps: int) -> optax.Schedule:
-  """Linear warmup to the peak, then cosine decay to zero at `num_steps` updates."""
+  """Linear warmup to the peak over `warmup_steps` updates, then cosine decay to zero at `num_steps`.
+
+  Update k (counting from 0) uses the schedule's value at k + 1, so the first update is not a no-op.
+  """
   warmup = min(optim_cfg.warmup_steps, num_steps)
-  return optax.warmup_cosine_decay_schedule(
+  base = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=optim_cfg.learning_rate, warmup_steps=warmup,
       decay_steps=max(num_steps, warmup + 1), end_value=0.0)
+  return lambda count: base(count + 1)
 
 
 def make_optimizer(optim_cfg, num_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:

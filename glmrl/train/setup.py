@@ -156,7 +156,7 @@ def build(config) -> Run:
   model = nnx.merge(ar_graphdef, ar_params)
   graphdef, trainable, frozen = nnx.split(model, TRAINABLE, ...)
   trainable_shardings = sharding_lib.state_shardings(trainable, mesh)
-  pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config))
+  pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config), mesh=mesh)
   return Run(config, mesh, records, eval_records, iterator, composer, pipeline, graphdef, trainable, frozen,
              trainable_shardings)
 

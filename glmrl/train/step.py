@@ -115,7 +115,7 @@ def update(graphdef, params, frozen, opt_state, rollout: Rollout, *, spec: Updat
   denominator = jnp.maximum(stats["denominator"], 1e-30)
   grads = jax.tree.map(lambda g: g / denominator, grads_sum)
   loss = stats["numerator"] / denominator
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
   def apply(_):

@@ -1,0 +1,37 @@
+"""The same train steps on 1 CPU device and on 8 host devices with a 2x2x2 (data, fsdp, tensor) mesh.
+
+Tolerance: 1e-4 relative on the step metrics and parameter sums, 1e-5 absolute on the on-policy loss
+(which is zero up to rounding); float32, the sharded reductions sum in a different order.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from tests.train.common import ROOT
+
+
+def run(devices, mesh, workdir):
+  out = subprocess.run([sys.executable, "-m", "tests.train.multidevice_run", f"--devices={devices}",
+                        f"--mesh={mesh}", f"--workdir={workdir}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+  assert out.returncode == 0, out.stderr[-4000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_one_device_equals_eight(tmp_path):
+  one = run(1, "1,1,1", tmp_path / "one")
+  eight = run(8, "2,2,2", tmp_path / "eight")
+  assert one["devices"] == 1 and eight["devices"] == 8
+  # The parameters really are split over fsdp and tensor on the 8-device mesh.
+  assert any("fsdp" in s for s in eight["shardings"]) and any("tensor" in s for s in eight["shardings"])
+  for a, b in zip(one["steps"], eight["steps"]):
+    for k in ("reward/mean", "grad_norm", "advantage/std", "first_iter/ratio/max"):
+      np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    # On-policy the loss is -mean(advantages), zero up to rounding: compare it absolutely.
+    np.testing.assert_allclose(b["loss"], a["loss"], atol=1e-5)
+  np.testing.assert_allclose(eight["param_sum"], one["param_sum"], rtol=1e-4)
+  np.testing.assert_allclose(eight["param_abs_sum"], one["param_abs_sum"], rtol=1e-4)
