@@ -1,0 +1,75 @@
+"""The experiment configs load and validate; the real-size ones have the released shapes (eval_shape only)."""
+
+import glmrl  # noqa: F401
+
+import dataclasses
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from glmrl import config_checks
+from glmrl.models import glm_image
+from glmrl.models.ar.prompt import GenerationLayout
+from glmrl.train import optimizer, setup
+from glmrl.train import step as step_lib
+
+
+def load(name, arg=None):
+  return importlib.import_module(f"configs.{name}").get_config(arg)
+
+
+@pytest.mark.parametrize("name", ["glm_image_t2i", "glm_image_i2i"])
+def test_real_configs_need_a_checkpoint_and_have_the_paper_defaults(name):
+  c = load(name)
+  c.data.prompts_file = "prompts.jsonl"
+  with pytest.raises(config_checks.ConfigError, match="config.model.checkpoint_dir is required"):
+    config_checks.validate(c)
+  c.model.checkpoint_dir = "/converted"
+  config_checks.validate(c)
+  assert (c.grpo.group_size, c.sampling.temperature, c.sampling.top_p) == (16, 0.9, 0.75)
+  assert (c.data.height, c.data.width, c.sampling.dit_steps, c.sampling.guidance_scale) == (1024, 1024, 50, 1.5)
+
+
+@pytest.mark.parametrize("name", ["demo", "glm_image_t2i", "glm_image_i2i"])
+def test_tiny_configs_validate(name):
+  c = load(name, None if name == "demo" else "tiny")
+  config_checks.validate(c)
+  setup.load_records(c)  # the bundled prompt files fit the mode
+
+
+def test_full_size_train_state_shapes():
+  """AR parameters, optimizer state and the update step of the 1024^2 config, from abstract shapes."""
+  c = load("glm_image_t2i")
+  configs = glm_image.with_dtypes(glm_image.preset_configs("full"), param_dtype=jnp.float32,
+                                  compute_dtype=jnp.bfloat16, remat=True)
+  graphdef, abstract = glm_image.abstract_model("ar", configs.ar)
+  model = nnx.merge(graphdef, abstract)
+  graphdef, trainable, frozen = nnx.split(model, setup.TRAINABLE, ...)
+  n_trainable, n_frozen = setup.num_params(trainable), setup.num_params(frozen)
+  assert n_trainable + n_frozen == 10_114_245_632
+  tx, schedule = optimizer.make_optimizer(c.optim, c.train.num_steps)
+  opt_state = jax.eval_shape(tx.init, trainable)
+  # AdamW keeps two float32 moments per trained parameter.
+  assert setup.num_params(opt_state) == 2 * n_trainable + 2  # + the two step counters
+
+  layout = GenerationLayout.for_size(c.data.height, c.data.width, text_to_image=True)
+  n, prompt_len, batch = layout.num_new_tokens, c.data.max_prompt_tokens, c.train.micro_batch_size
+  assert (layout.target_hw, n) == ((32, 32), 32 * 32 + 16 * 16 + 1)
+  sds = jax.ShapeDtypeStruct
+  rollout = step_lib.Rollout(
+      sequence_ids=sds((batch, prompt_len + n), jnp.int32), positions=sds((3, batch, prompt_len + n), jnp.int32),
+      valid=sds((batch, prompt_len + n), bool), old_logp=sds((batch, n), jnp.float32),
+      advantages=sds((batch,), jnp.float32), mask=sds((batch, n), jnp.float32))
+  spec = step_lib.UpdateSpec(prompt_len=prompt_len, layout=layout, sampling=setup.sampling_config(c),
+                             micro_batches=1, epsilon_low=0.2, epsilon_high=0.28, beta=0.0, kl="k3",
+                             aggregation="seq_mean_token_mean", remat=True)
+  new_params, new_opt, metrics = jax.eval_shape(
+      lambda p, f, o, r: step_lib.update(graphdef, p, f, o, r, spec=spec, tx=tx, schedule=schedule),
+      trainable, frozen, opt_state, rollout)
+  assert jax.tree.map(lambda a: (a.shape, a.dtype), new_params) == jax.tree.map(lambda a: (a.shape, a.dtype),
+                                                                                 trainable)
+  assert metrics["loss"].shape == ()

@@ -1,0 +1,50 @@
+"""Bad inputs fail in setup with a message naming the value, before any model is built or compiled."""
+
+import glmrl  # noqa: F401
+
+import pytest
+
+from glmrl.models import glm_image
+from glmrl.train import setup
+from tests.train.common import tiny_config
+
+
+@pytest.fixture(autouse=True)
+def no_models(monkeypatch):
+  def fail(*args, **kwargs):
+    raise AssertionError("a model was built before the inputs were checked")
+  monkeypatch.setattr(glm_image, "build", fail)
+
+
+def test_batch_must_divide_over_the_mesh():
+  config = tiny_config(data__prompts_per_step=3, grpo__group_size=3)
+  with pytest.raises(ValueError, match=r"3 x 3 = 9 does not divide over the mesh's data x fsdp = 2 x 2 = 4"):
+    setup.check_batch(config, (2, 2, 2))
+  with pytest.raises(ValueError, match="micro_batch_size=6 does not divide over data x fsdp = 4"):
+    setup.check_batch(tiny_config(train__micro_batch_size=6, data__prompts_per_step=3), (2, 2, 2))
+  with pytest.raises(ValueError, match="group_size=1 must be at least 2"):
+    setup.check_batch(tiny_config(grpo__group_size=1), (1, 1, 1))
+
+
+@pytest.mark.parametrize("lines,message", [
+    (['{"prompt": "a cat"}', '{"prompt": "a dog", "colour": 1}'], r"prompts.jsonl:2: .*unknown field"),
+    (['{"prompt": "a cat"', ], r"prompts.jsonl:1: .*JSON"),
+    (['{"prompt": "a cat", "source_images": ["missing.png"]}'], r"prompts.jsonl:1: .*missing.png"),
+])
+def test_bad_prompt_files(tmp_path, lines, message):
+  path = tmp_path / "prompts.jsonl"
+  path.write_text("\n".join(lines) + "\n")
+  with pytest.raises(ValueError, match=message):
+    setup.build(tiny_config(data__prompts_file=str(path)))
+
+
+def test_mode_must_match_the_records(tmp_path):
+  with pytest.raises(ValueError, match=r"demo_prompts.txt:1: data.mode='i2i' needs source_images"):
+    setup.build(tiny_config(data__mode="i2i"))
+
+
+def test_prompt_longer_than_the_fixed_length(tmp_path):
+  path = tmp_path / "long.txt"
+  path.write_text("a short one\n" + " ".join(["word"] * 40) + "\n")
+  with pytest.raises(ValueError, match=r"long.txt:2: the prompt takes 49 tokens with its grids, more than config.data.max_prompt_tokens=32"):
+    setup.build(tiny_config(data__prompts_file=str(path)))
