@@ -127,3 +127,16 @@ def plot_metric(metrics_jsonl_path: str | os.PathLike, key: str, out_png: str | 
   os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
   img.save(out_png, format="PNG")
   return out_png
+
+
+def main(argv=None) -> None:
+  """python -m glmrl.logging.plot WORKDIR/metrics.jsonl KEY OUT.png"""
+  import sys
+  args = sys.argv[1:] if argv is None else argv
+  if len(args) != 3:
+    raise SystemExit("usage: python -m glmrl.logging.plot METRICS_JSONL KEY OUT_PNG")
+  print(plot_metric(args[0], args[1], args[2]))
+
+
+if __name__ == "__main__":
+  main()

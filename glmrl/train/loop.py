@@ -81,6 +81,9 @@ class Trainer:
     return nnx.merge_state(self.params, self.run.frozen)
 
   def save(self, *, force: bool = False):
+    """Saves on the interval (or when forced), unless this step is already saved."""
+    if self.checkpointer.latest_step() == self.step_index:
+      return False
     meta = {"step": self.step_index, "data": self.run.iterator.state(), "nonfinite_total": self.nonfinite_total}
     return self.checkpointer.save(self.step_index, self._full_ar_params(), self.opt_state, self.root_key, meta,
                                   force=force)
