@@ -19,6 +19,7 @@ from checkpoints_convert.rules import KeyMap, flax_path_str
 from glmrl import sharding
 from glmrl.models.ar.config import ARConfig
 from glmrl.models.ar.model import GlmImageAR, merge_image_tokens
+from tests import torch_port
 
 ATOL_LOGITS = 1e-4
 ATOL_CACHE = 1e-5
@@ -45,21 +46,13 @@ def abstract_model(cfg: ARConfig):
   return nnx.eval_shape(lambda: GlmImageAR(cfg, rngs=nnx.Rngs(0)))
 
 
-def load_torch_weights(model, state_dict):
-  """Writes a torch state_dict into `model` through the key map."""
-  params = {flax_path_str(p): v for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-  for key, tensor in state_dict.items():
-    path, transform = KEYMAP.hf_to_flax(key)
-    value = transform.to_flax(tensor.detach().numpy())
-    assert value.shape == params[path].shape, (key, value.shape, params[path].shape)
-    params[path].set_value(jnp.asarray(value))
 
 
 @pytest.fixture(scope="module")
 def models():
   ref = reference_model(CFG)
   ours = abstract_model(CFG)
-  load_torch_weights(ours, ref.state_dict())
+  torch_port.load_state_dict(ours, ref.state_dict(), RULES)
   return ref, ours
 
 

@@ -3,17 +3,15 @@
 import glmrl  # noqa: F401
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 from diffusers import GlmImageTransformer2DModel
 from flax import nnx
 
 from checkpoints_convert.maps.dit import RULES
-from checkpoints_convert.rules import KeyMap, flax_path_str
 from glmrl.models.dit import DiTConfig, GlmImageDiT
+from tests import torch_port
 
-KEY_MAP = KeyMap(RULES)
 
 
 def reference(cfg: DiTConfig, seed: int = 0) -> GlmImageTransformer2DModel:
@@ -21,21 +19,6 @@ def reference(cfg: DiTConfig, seed: int = 0) -> GlmImageTransformer2DModel:
   return GlmImageTransformer2DModel.from_config(cfg.to_hf()).eval()
 
 
-def load_hf_state_dict(model: nnx.Module, state_dict: dict) -> None:
-  """Writes every HF tensor into `model` through the key map; fails on any key left over."""
-  params = {flax_path_str(p): v for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-  filled = set()
-  for key, tensor in state_dict.items():
-    match = KEY_MAP.hf_to_flax(key)
-    assert match is not None, f"no rule for HF key {key}"
-    path, transform = match
-    assert path in params, f"{key} -> {path}: no such Flax parameter"
-    value = transform.to_flax(tensor.detach().cpu().numpy())
-    assert params[path].shape == value.shape, (key, path, params[path].shape, value.shape)
-    params[path].set_value(jnp.asarray(value, params[path].dtype))
-    filled.add(path)
-  missing = sorted(set(params) - filled)
-  assert not missing, f"Flax parameters not filled: {missing}"
 
 
 def abstract_model(cfg: DiTConfig) -> GlmImageDiT:
@@ -47,7 +30,7 @@ def ported(ref: GlmImageTransformer2DModel, cfg: DiTConfig) -> GlmImageDiT:
   """Our model holding the reference's weights."""
   model = abstract_model(cfg)
   assert not jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param))), "the model has non-Param state"
-  load_hf_state_dict(model, ref.state_dict())
+  torch_port.load_state_dict(model, ref.state_dict(), RULES)
   return model
 
 

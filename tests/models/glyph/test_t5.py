@@ -3,7 +3,6 @@ via the key map). Tolerance: 1e-4 max abs on last_hidden_state."""
 
 import glmrl  # noqa: F401  (first: disables flax eager sharding)
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from checkpoints_convert.maps.glyph import RULES
 from checkpoints_convert.rules import KeyMap, flax_path_str
 from glmrl.models.glyph import T5Encoder, T5EncoderConfig
 from glmrl.models.glyph.t5 import relative_position_buckets
+from tests import torch_port
 
 ATOL = 1e-4
 KEYMAP = KeyMap(RULES)
@@ -34,19 +34,6 @@ def flax_params(model) -> dict:
   return {flax_path_str(p): v for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
-def load_torch_weights(model, state_dict):
-  """Writes a torch state_dict into `model` (abstract, from nnx.eval_shape) through the key map;
-  every parameter must be written."""
-  state = nnx.state(model, nnx.Param)
-  params = {flax_path_str(p): v for p, v in nnx.to_flat_state(state)}
-  for key, tensor in state_dict.items():
-    path, transform = KEYMAP.hf_to_flax(key)
-    value = transform.to_flax(tensor.detach().numpy())
-    assert value.shape == tuple(params[path].shape), (key, value.shape, params[path].shape)
-    params[path].set_value(jnp.asarray(value))
-  missing = [p for p, v in params.items() if not isinstance(v.get_value(), jax.Array)]
-  assert not missing, missing
-  nnx.update(model, state)
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -59,7 +46,7 @@ def models(request):
       if "layer_norm" in name:
         p.add_(0.1 * torch.randn_like(p))
   ours = nnx.eval_shape(lambda: T5Encoder(cfg, rngs=nnx.Rngs(0)))
-  load_torch_weights(ours, ref.state_dict())
+  torch_port.load_state_dict(ours, ref.state_dict(), RULES)
   return cfg, ref, ours
 
 

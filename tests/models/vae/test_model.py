@@ -16,6 +16,7 @@ from flax import nnx
 from checkpoints_convert.maps.vae import RULES
 from checkpoints_convert.rules import KeyMap, flax_path_str
 from glmrl.models.vae import AutoencoderKL, VAEConfig, denormalize_latents, normalize_latents
+from tests import torch_port
 
 ATOL = 1e-4
 KEYMAP = KeyMap(RULES)
@@ -33,19 +34,6 @@ def flax_params(model) -> dict:
   return {flax_path_str(p): v for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
-def load_torch_weights(model, state_dict):
-  """Writes a torch state_dict into `model` (may be abstract, from nnx.eval_shape) through the key
-  map; every parameter must be written."""
-  state = nnx.state(model, nnx.Param)
-  params = {flax_path_str(p): v for p, v in nnx.to_flat_state(state)}
-  for key, tensor in state_dict.items():
-    path, transform = KEYMAP.hf_to_flax(key)
-    value = transform.to_flax(tensor.detach().numpy())
-    assert value.shape == tuple(params[path].shape), (key, value.shape, params[path].shape)
-    params[path].set_value(jnp.asarray(value))
-  missing = [p for p, v in params.items() if not isinstance(v.get_value(), jax.Array)]
-  assert not missing, missing
-  nnx.update(model, state)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +47,7 @@ def models():
         p.add_(0.1 * torch.randn_like(p))
   # Built abstractly and filled from the reference: eager random init costs seconds of compiles.
   ours = nnx.eval_shape(lambda: AutoencoderKL(cfg, rngs=nnx.Rngs(0)))
-  load_torch_weights(ours, ref.state_dict())
+  torch_port.load_state_dict(ours, ref.state_dict(), RULES)
   return cfg, ref, ours
 
 
