@@ -83,20 +83,24 @@ def write_source_cache(dit_def, dit_state, vae_def, vae_state, images_PxNxHxWx3,
 
   `images`: uint8 condition images; `prior_ids`: their AR VQ grids upsampled to the DiT patch
   grid (`upsample_prior_tokens`). As the reference pipeline: pixels to [-1, 1], the VAE
-  posterior's mode, normalised with the latent statistics, then one DiT pass in "write" mode at
+  posterior's mode, normalised with the latent statistics, then a DiT pass in "write" mode at
   timestep 0 with no glyph tokens and no prior token dropped, the image's own size as target
-  size and a zero crop; a prompt's later images are appended to its slot.
+  size and a zero crop; a prompt's images follow each other in its slot.
   """
   dit = nnx.merge(dit_def, dit_state)
   vae = nnx.merge(vae_def, vae_state)
-  p, n, h, w, _ = images_PxNxHxWx3.shape
-  empty_glyph = jnp.zeros((p, 0, dit.cfg.text_embed_dim), dit.cfg.dtype)
-  size_Px2 = jnp.tile(jnp.array([[h, w]], jnp.float32), (p, 1))
-  cache = None
-  for j in range(n):
-    # The reference's operation order: uint8 / 255 in float32, then 2x - 1.
-    pixels = (images_PxNxHxWx3[:, j].astype(jnp.float32) / 255.0) * 2.0 - 1.0
-    latent_PxCxhxw = jnp.transpose(vae.encode_normalized(pixels.astype(vae.cfg.dtype)), (0, 3, 1, 2))
-    _, cache = dit(latent_PxCxhxw, prior_ids_PxNxM[:, j], empty_glyph, jnp.zeros((p,)), size_Px2,
-                   jnp.zeros((p, 2)), kv_cache=cache, cache_mode="write")
-  return cache
+  p, n, h, w, c = images_PxNxHxWx3.shape
+  rows = p * n
+  # The reference's operation order: uint8 / 255 in float32, then 2x - 1.
+  pixels = (images_PxNxHxWx3.reshape(rows, h, w, c).astype(jnp.float32) / 255.0) * 2.0 - 1.0
+  latent_RxCxhxw = jnp.transpose(vae.encode_normalized(pixels.astype(vae.cfg.dtype)), (0, 3, 1, 2))
+  # Every image is its own row of one write pass (rows do not interact): row i*n + j holds image j
+  # of prompt i, so a prompt's slot is its n rows laid end to end.
+  _, cache = dit(latent_RxCxhxw, prior_ids_PxNxM.reshape(rows, -1),
+                 jnp.zeros((rows, 0, dit.cfg.text_embed_dim), dit.cfg.dtype), jnp.zeros((rows,)),
+                 jnp.tile(jnp.array([[h, w]], jnp.float32), (rows, 1)), jnp.zeros((rows, 2)),
+                 kv_cache=None, cache_mode="write")
+  layers, _, s, heads, dim = cache.k.shape
+  return kvc.DiTKVCache(k=cache.k.reshape(layers, p, n * s, heads, dim),
+                        v=cache.v.reshape(layers, p, n * s, heads, dim),
+                        valid=cache.valid.reshape(p, n * s))

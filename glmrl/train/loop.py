@@ -44,8 +44,10 @@ class Trainer:
     logging.info("trainable AR parameters: %d (frozen: %d)", setup_lib.num_params(run.trainable),
                  setup_lib.num_params(run.frozen))
     self.tx, self.schedule = optimizer_lib.make_optimizer(config.optim, config.train.num_steps)
-    # Optimizer state is created on the parameters' shardings (jit propagates them).
-    self.opt_state = jax.jit(self.tx.init)(run.trainable)
+    # Optimizer moments are float32 whatever the parameter dtype (bfloat16 params get float32 AdamW
+    # state), on the parameters' shardings (jit propagates them).
+    self.opt_state = jax.jit(lambda p: self.tx.init(jax.tree.map(lambda x: x.astype(jnp.float32), p)))(
+        run.trainable)
     self.params = run.trainable
     # The frozen reference policy: a copy of the initial parameters, only when the KL term is on.
     self.ref_params = jax.tree.map(jnp.copy, run.trainable) if config.grpo.beta > 0 else None

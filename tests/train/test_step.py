@@ -56,3 +56,16 @@ def test_micro_batches_give_the_full_batch_update(trainer):
   np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6, atol=1e-8)
   np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p1, p2)
+
+
+def test_bfloat16_params_and_compute(tmp_path):
+  """Parameters stored in bfloat16 with bfloat16 compute train a finite step (log-probs stay float32)."""
+  trainer = loop.Trainer(tiny_config(model__param_dtype="bfloat16", model__compute_dtype="bfloat16",
+                                     model__remat=True), str(tmp_path))
+  try:
+    assert {x.dtype for x in jax.tree.leaves(trainer.params)} == {np.dtype("bfloat16")}
+    scalars = trainer.step()
+    assert np.isfinite(scalars["loss"]) and scalars["skipped"] == 0 and scalars["grad_norm"] > 0
+    assert scalars["first_iter/ratio/max"] == 1.0
+  finally:
+    trainer.close()

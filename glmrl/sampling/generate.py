@@ -1,0 +1,117 @@
+"""`python main.py --mode=generate`: samples of the latest checkpoint (or the initial model) as PNGs.
+
+Models, processors and prompts are built as for training (`glmrl.train.setup.build`); the AR
+parameters come from the newest step in `<workdir>/checkpoints` when there is one. Every prompt
+of `config.eval.prompts_file` (else `config.data.prompts_file`) gets `config.grpo.group_size`
+samples, drawn with the fixed `config.eval.seed` in batches of `config.data.prompts_per_step`
+prompts (the same keys as `--mode=eval`). Written to `<workdir>/generate/`:
+
+- `<prompt index>_<sample>.png`, one per sample (prompt index: line order in the prompt file);
+- `grid.png`: one row per prompt, each tile captioned with its prompt;
+- `tokens.npz`: `target` [N, h, w] target grids, `tokens` [N, T] all generated tokens and
+  `logprobs` [N, T] their sampling log-probs, `prompts` [P], `prompt_index` / `sample_index` [N]
+  of each row, and `step` (the restored step, -1 if none).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from PIL import Image
+
+from glmrl.data import PromptIterator
+from glmrl.logging import make_grid
+from glmrl.train import setup as setup_lib
+
+
+def restore_ar_params(workdir: str, like_state):
+  """(AR params state, step) of the newest training checkpoint in `<workdir>/checkpoints`, or (None, None).
+
+  Only the `params` item is read, onto the shardings and dtypes of `like_state` (the full AR state).
+  """
+  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+  if not os.path.isdir(directory):
+    return None, None
+  manager = ocp.CheckpointManager(directory, item_names=("params",),
+                                  options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+  try:
+    step = manager.latest_step()
+    if step is None:
+      return None, None
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like_state)
+    restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
+    return restored.params, step
+  finally:
+    manager.close()
+
+
+def sample_records(run, records, ar_params=None) -> dict:
+  """group_size samples of every record, in fixed-size batches with the eval seed's keys.
+
+  Returns numpy `images` [N, H, W, 3] uint8, `target` [N, h, w], `tokens` and `logprobs` [N, T],
+  `prompt_index` and `sample_index` [N] (N = len(records) x group_size, rows of a prompt consecutive).
+  """
+  cfg, g = run.config, run.group_size
+  per_batch = cfg.data.prompts_per_step
+  loader = PromptIterator(records, prompts_per_step=per_batch, seed=cfg.eval.seed, height=cfg.data.height,
+                          width=cfg.data.width)
+  params = None if ar_params is None else (ar_params,)
+  parts = {"images": [], "target": [], "tokens": [], "logprobs": []}
+  for start in range(0, len(records), per_batch):
+    indices = list(range(start, min(start + per_batch, len(records))))
+    real = len(indices)
+    # A short last batch is filled with the first prompts: every batch has the compiled shape.
+    indices += [i % len(records) for i in range(per_batch - real)]
+    batch = loader.make_batch(indices)
+    source = batch.source_images if cfg.data.mode == "i2i" else None
+    key = jax.random.fold_in(jax.random.key(cfg.eval.seed), start)
+    out = run.pipeline(batch.prompts, key, samples_per_prompt=g, source_images=source, ar_params=params)
+    keep = slice(0, real * g)
+    parts["images"].append(np.asarray(out.images)[keep])
+    parts["target"].append(np.asarray(out.sample.target)[keep])
+    parts["tokens"].append(np.asarray(out.sample.tokens)[keep])
+    parts["logprobs"].append(np.asarray(out.sample.logprobs)[keep])
+  result = {k: np.concatenate(v) for k, v in parts.items()}
+  result["prompt_index"] = np.repeat(np.arange(len(records)), g)
+  result["sample_index"] = np.tile(np.arange(g), len(records))
+  return result
+
+
+def write_outputs(out_dir: str, samples: dict, prompts, group_size: int, step: int | None) -> dict:
+  """Per-sample PNGs, the captioned grid and tokens.npz; returns their paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  pngs = []
+  for image, p, s in zip(samples["images"], samples["prompt_index"], samples["sample_index"]):
+    path = os.path.join(out_dir, f"{p}_{s}.png")
+    Image.fromarray(image).save(path)
+    pngs.append(path)
+  captions = [prompts[p] for p in samples["prompt_index"]]
+  grid_path = os.path.join(out_dir, "grid.png")
+  Image.fromarray(make_grid(samples["images"], captions, ncols=group_size)).save(grid_path)
+  tokens_path = os.path.join(out_dir, "tokens.npz")
+  np.savez(tokens_path, target=samples["target"], tokens=samples["tokens"], logprobs=samples["logprobs"],
+           prompts=np.asarray(prompts, dtype=str),
+           prompt_index=samples["prompt_index"], sample_index=samples["sample_index"],
+           step=np.int64(-1 if step is None else step))
+  return {"pngs": pngs, "grid": grid_path, "tokens": tokens_path}
+
+
+def generate(config, workdir: str) -> dict:
+  """Samples every prompt and writes the results to `<workdir>/generate`; returns the written paths
+  and the restored checkpoint step (None when there was no checkpoint)."""
+  run = setup_lib.build(config)
+  records = run.eval_records or run.records
+  ar_params, step = restore_ar_params(workdir, run.pipeline.models["ar"][1])
+  if step is None:
+    logging.info("no checkpoint in %s: generating with the initial AR model", os.path.join(workdir, "checkpoints"))
+  else:
+    logging.info("generating with the AR parameters of step %d", step)
+  samples = sample_records(run, records, ar_params)
+  paths = write_outputs(os.path.join(workdir, "generate"), samples, [r.prompt for r in records], run.group_size,
+                        step)
+  logging.info("wrote %d images, %s and %s", len(paths["pngs"]), paths["grid"], paths["tokens"])
+  return {**paths, "step": step}
