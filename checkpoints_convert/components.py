@@ -124,6 +124,16 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
         weights_name=_TRANSFORMERS_WEIGHTS,
         library=("transformers", "T5EncoderModel"),
     ),
+    # Not part of GLM-Image: the CLIP reward models (a transformers CLIPModel folder of its own,
+    # converted with `python -m glmrl.models.clip.convert`).
+    Component(
+        name="clip",
+        config_cls="glmrl.models.clip.config:ClipConfig",
+        model_cls="glmrl.models.clip.model:ClipModel",
+        rules="checkpoints_convert.maps.clip",
+        weights_name=_TRANSFORMERS_WEIGHTS,
+        library=("transformers", "CLIPModel"),
+    ),
 )}
 
 

@@ -10,6 +10,7 @@ that `load_params` (or any Orbax restore) reads onto a mesh.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
@@ -331,7 +332,23 @@ def get_path(tree, keys):
   return tree
 
 
+_DEFAULT_SHARDING = []
+
+
+@contextlib.contextmanager
+def default_sharding(sharding):
+  """Where `load_params` puts leaves that name no sharding, inside the block (e.g. replicated on
+  the training mesh, so model-backed rewards can be used by jitted code sharded over it)."""
+  _DEFAULT_SHARDING.append(sharding)
+  try:
+    yield
+  finally:
+    _DEFAULT_SHARDING.pop()
+
+
 def _default_sharding():
+  if _DEFAULT_SHARDING:
+    return _DEFAULT_SHARDING[-1]
   return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 

@@ -3,8 +3,13 @@
 Config: a list of entries `{"name": str, "weight": float}` with the optional
 keys `"normalize": bool` (standardise this reward within each group of
 `group_size` consecutive rows before weighting) and `"kwargs": dict` (passed to
-the reward function). The components returned for logging are the raw scores,
-before normalisation and weighting.
+the reward function, or to the factory of a model-backed reward, which is built
+once here). The components returned for logging are the raw scores, before
+normalisation and weighting.
+
+Model-backed rewards may need host-side inputs derived from the prompts (CLIP text
+embeddings): `prepare(prompts, metadata)` returns them as arrays, to be merged into
+the metadata given to `jax_scores` (the composer's own `__call__` does this).
 """
 
 import inspect
@@ -80,25 +85,52 @@ class RewardComposer:
     if not isinstance(kwargs, Mapping):
       raise ValueError(f"reward {reward.name!r}: kwargs={kwargs!r} must be a mapping")
     try:
-      inspect.signature(reward.fn).bind(None, None, None, **kwargs)
+      if reward.model_backed:
+        inspect.signature(reward.fn).bind(**kwargs)
+      else:
+        inspect.signature(reward.fn).bind(None, None, None, **kwargs)
     except TypeError as e:
       raise ValueError(f"reward {reward.name!r}: bad kwargs {dict(kwargs)!r}: {e}") from e
+    built = reward.build(**kwargs)
     return {"name": reward.name, "reward": reward, "weight": float(weight), "normalize": normalize,
-            "kwargs": dict(kwargs)}
+            "kwargs": dict(kwargs), "fn": built.fn, "prepare": built.prepare}
 
   @property
   def names(self) -> list[str]:
     return [e["name"] for e in self.entries]
 
+  def prepare(self, prompts: Sequence[str], metadata: Mapping[str, Any] | None = None) -> dict[str, jax.Array]:
+    """Host-side inputs of the model-backed rewards ({key: array [B, ...]}), to add to the metadata."""
+    if isinstance(prompts, str):
+      raise ValueError(f"prompts must be a list of strings, got the single string {prompts!r}")
+    metadata = dict(metadata or {})
+    out: dict[str, jax.Array] = {}
+    for e in self.entries:
+      if e["prepare"] is None:
+        continue
+      arrays = e["prepare"](list(prompts), metadata)
+      if not isinstance(arrays, Mapping):
+        raise ValueError(f"reward {e['name']!r}: prepare returned {type(arrays).__name__}, not a mapping")
+      clash = sorted(k for k in arrays if k in out or k in metadata)
+      if clash:
+        raise ValueError(f"reward {e['name']!r}: prepare's key(s) {clash} are already in the metadata")
+      for key, value in arrays.items():
+        value = jnp.asarray(value)
+        if value.ndim == 0 or value.shape[0] != len(prompts):
+          raise ValueError(f"reward {e['name']!r}: prepare gave {key!r} of shape {value.shape} for "
+                           f"{len(prompts)} prompts")
+        out[key] = value
+    return out
+
   def jax_scores(self, images, metadata: Mapping[str, Any]) -> dict[str, jax.Array]:
     """Raw scores of the pure-JAX rewards only; traceable (prompts are passed as None)."""
-    return {e["name"]: jnp.asarray(e["reward"](images, None, metadata, **e["kwargs"]), jnp.float32)
+    return {e["name"]: jnp.asarray(e["fn"](images, None, metadata), jnp.float32)
             for e in self.entries if e["reward"].pure_jax}
 
   def host_scores(self, images, prompts: Sequence[str], metadata: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Raw scores of the host-side rewards only, on numpy inputs."""
     images = np.asarray(images)
-    return {e["name"]: np.asarray(e["reward"](images, prompts, metadata, **e["kwargs"]), np.float32)
+    return {e["name"]: np.asarray(e["fn"](images, prompts, metadata), np.float32)
             for e in self.entries if not e["reward"].pure_jax}
 
   def combine(self, components: Mapping[str, Any]):
@@ -124,6 +156,7 @@ class RewardComposer:
     if self.group_size is not None and batch % self.group_size:
       raise ValueError(f"batch of {batch} images is not divisible by group_size={self.group_size}")
     metadata = dict(metadata or {})
+    metadata.update(self.prepare(prompts, metadata))
     array_metadata = {k: v for k, v in metadata.items()
                       if isinstance(v, (np.ndarray, jax.Array))
                       and (jnp.issubdtype(v.dtype, jnp.number) or v.dtype == np.bool_)}

@@ -5,10 +5,24 @@ uint8 [B, H, W, 3] (jax or numpy), `prompts` B strings, `metadata` a dict of
 batched values (e.g. `target_image` uint8 [B, H, W, 3]). A `pure_jax` reward
 is traceable under `jax.jit`; inside jit it receives `prompts=None` and only the
 array-valued metadata. Other rewards run on the host with numpy inputs.
+
+Model-backed rewards (CLIP score, PickScore, the aesthetic predictor, ...) need weights loaded
+once, from paths in the reward config. They register a factory instead of a function:
+
+    register_factory("clip_score", clip_score_factory, pure_jax=True)
+
+`RewardComposer` calls `factory(**kwargs)` once per config entry (kwargs from the entry, e.g.
+`{"ckpt_dir": ...}`); the factory loads the model and returns either the reward fn
+`fn(images, prompts, metadata) -> scores[B]` (kwargs already bound) or a `ModelReward(fn,
+prepare)`. `prepare(prompts, metadata) -> {key: array [B, ...]}` runs on the host before scoring
+and its arrays are added to the metadata under those keys: that is how a pure-JAX reward gets
+prompt-derived inputs (e.g. cached CLIP text embeddings) inside jit, where `prompts` is None.
+Keys are the reward's own (prefixed with its name by convention); the composer rejects clashes.
+Factories should cache loaded weights per path so rewards sharing a model load it once.
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -16,13 +30,43 @@ RewardFn = Callable[..., Any]
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelReward:
+  """What a model-backed reward's factory returns: the scoring fn and an optional host `prepare`."""
+  fn: RewardFn
+  prepare: Callable[[Sequence[str], Any], Mapping[str, Any]] | None = None
+
+  def __post_init__(self):
+    if not callable(self.fn):
+      raise ValueError(f"ModelReward fn {self.fn!r} is not callable")
+    if self.prepare is not None and not callable(self.prepare):
+      raise ValueError(f"ModelReward prepare {self.prepare!r} is not callable")
+
+
+@dataclasses.dataclass(frozen=True)
 class Reward:
+  """A registered reward; for a model-backed one (`model_backed=True`) `fn` is its factory."""
   name: str
   fn: RewardFn
   pure_jax: bool
+  model_backed: bool = False
 
   def __call__(self, images, prompts, metadata, **kwargs):
+    if self.model_backed:
+      raise ValueError(f"reward {self.name!r} is model-backed: build it once with .build(**kwargs) "
+                       "(RewardComposer does) and call the result")
     return self.fn(images, prompts, metadata, **kwargs)
+
+  def build(self, **kwargs) -> ModelReward:
+    """The ready-to-call reward: the factory's result for a model-backed reward, else `fn` with `kwargs` bound."""
+    if not self.model_backed:
+      fn, bound = self.fn, dict(kwargs)
+      return ModelReward(lambda images, prompts, metadata: fn(images, prompts, metadata, **bound))
+    built = self.fn(**kwargs)
+    if isinstance(built, ModelReward):
+      return built
+    if callable(built):
+      return ModelReward(built)
+    raise ValueError(f"reward {self.name!r}: factory returned {built!r}, not a reward fn or ModelReward")
 
 
 _REGISTRY: dict[str, Reward] = {}
@@ -40,6 +84,14 @@ def register(name: str, fn: RewardFn, *, pure_jax: bool, replace: bool = False) 
     raise ValueError(f"reward {name!r} is already registered (pass replace=True to override)")
   _REGISTRY[name] = Reward(name=name, fn=fn, pure_jax=pure_jax)
   return fn
+
+
+def register_factory(name: str, factory: Callable[..., Any], *, pure_jax: bool,
+                     replace: bool = False) -> Callable[..., Any]:
+  """Registers a model-backed reward: `factory(**kwargs)` -> reward fn or ModelReward (see module doc)."""
+  register(name, factory, pure_jax=pure_jax, replace=replace)
+  _REGISTRY[name] = dataclasses.replace(_REGISTRY[name], model_backed=True)
+  return factory
 
 
 def unregister(name: str) -> None:

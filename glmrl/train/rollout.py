@@ -77,6 +77,8 @@ def collect(run, data_batch, key, trainable, ref_params, fns_for):
 
   prompts = [p for p in data_batch.prompts for _ in range(g)]
   metadata = reward_metadata(data_batch.metadata, g)
+  # Host-side inputs of model-backed rewards (e.g. cached CLIP text embeddings of the prompts).
+  metadata.update(run.composer.prepare(prompts, host_metadata(data_batch.metadata, g)))
   host_components = {}
   if any(not e["reward"].pure_jax for e in run.composer.entries):
     host_components = {k: jnp.asarray(v) for k, v in run.composer.host_scores(

@@ -114,6 +114,17 @@ def processors(config, configs, texts):
   return word_tokenizer.word_processor(configs.ar, configs.image_processor, texts), ByT5Tokenizer()
 
 
+def reward_composer(config, mesh) -> RewardComposer:
+  """The configured rewards; model-backed ones load their weights replicated on the mesh."""
+  from checkpoints_convert.hf_to_flax import default_sharding
+
+  entries = [dict(e.to_dict() if hasattr(e, "to_dict") else e) for e in config.rewards]
+  if config.normalize_rewards_per_group:
+    entries = [dict(e, normalize=True) for e in entries]
+  with default_sharding(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())):
+    return RewardComposer(entries, group_size=config.grpo.group_size)
+
+
 def check_prompt_lengths(processor, records, path, config) -> None:
   """Every text-to-image prompt must fit the fixed prompt length (one compilation per run).
 
@@ -135,10 +146,8 @@ def build(config) -> Run:
   mesh_shape = sharding_lib.mesh_shape(m.data, m.fsdp, m.tensor, jax.device_count())
   check_batch(config, mesh_shape)
   records, eval_records = load_records(config)
-  composer = RewardComposer(list(config.rewards), group_size=config.grpo.group_size)
-  if config.normalize_rewards_per_group:
-    composer = RewardComposer([dict(e.to_dict() if hasattr(e, "to_dict") else e, normalize=True)
-                               for e in config.rewards], group_size=config.grpo.group_size)
+  mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor)
+  composer = reward_composer(config, mesh)
   configs = model_configs(config)
   processor, glyph_tokenizer = processors(config, configs, [r.prompt for r in records + eval_records])
   check_prompt_lengths(processor, records, config.data.prompts_file, config)
@@ -146,7 +155,6 @@ def build(config) -> Run:
   iterator = PromptIterator(records, prompts_per_step=config.data.prompts_per_step, seed=config.seed,
                             height=config.data.height, width=config.data.width)
 
-  mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor)
   logging.info("mesh %s on %d devices", dict(mesh.shape), jax.device_count())
   models = {}
   for i, name in enumerate(glm_image.COMPONENTS):

@@ -1,0 +1,137 @@
+"""LPIPS-VGG16 weights: the two published files -> one Orbax folder `glmrl.rewards.lpips` loads.
+
+    python -m checkpoints_convert.lpips --vgg16=vgg16-397923af.pth \
+        --lpips=<site-packages>/lpips/weights/v0.1/vgg.pth --out_dir=lpips_vgg
+
+`--vgg16`: torchvision's ImageNet `vgg16` state_dict; `--lpips`: the `lpips` package's v0.1 VGG
+heads. Each may be a torch pickle (`.pth`/`.pt`/`.bin`, read with `torch.load(weights_only=True)`,
+so torch must be installed for those) or a `.safetensors` file. The widths are read from the VGG
+file, so the same converter handles the released sizes and the tiny test layouts. Writes
+`out_dir/config.json` and `out_dir/params/` (Orbax). Everything is checked (every key used, every
+parameter produced, shapes) before anything is written. The whole model is ~59 MB, so tensors are
+held in memory; a legacy-format torchvision file is read whole (~0.5 GB, classifier included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import glmrl  # noqa: F401
+
+import numpy as np
+from flax import nnx
+
+from checkpoints_convert import hf_to_flax
+from checkpoints_convert import safetensors_stream as st
+from checkpoints_convert.maps import lpips as lpips_map
+from checkpoints_convert.rules import KeyMap
+from glmrl.models.vgg import CONVS_PER_BLOCK, VGG16Config, torchvision_conv_indices
+from glmrl.rewards.lpips import CONFIG_NAME, LPIPS, LPIPSConfig
+
+_TORCH_SUFFIXES = (".pth", ".pt", ".bin")
+
+
+def read_state_dict(path: str, keep=lambda key: True) -> dict[str, np.ndarray]:
+  """{key: float32 array} of the tensors of `path` whose key passes `keep`."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no weights file {path}")
+  if path.endswith(".safetensors"):
+    reader = st.SafetensorsReader(path)
+    return {k: reader.read(k).astype(np.float32) for k in reader.keys() if keep(k)}
+  if not path.endswith(_TORCH_SUFFIXES):
+    raise ValueError(f"{path}: expected a .safetensors or torch pickle ({', '.join(_TORCH_SUFFIXES)}) file")
+  try:
+    import torch
+  except ImportError as e:
+    raise ValueError(f"{path}: reading torch pickles needs torch; convert the file to safetensors "
+                     "or install torch") from e
+  try:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # torch raises several types for corrupt or non-state_dict files
+    raise ValueError(f"{path}: could not be read as a torch state_dict ({type(e).__name__}: {e})") from e
+  if not isinstance(state, dict):
+    raise ValueError(f"{path}: holds a {type(state).__name__}, not a state_dict")
+  return {k: v.detach().float().numpy() for k, v in state.items() if keep(k)}
+
+
+def config_from_vgg(state: dict[str, np.ndarray], where: str) -> LPIPSConfig:
+  """The widths of VGG16's five blocks, read from the last convolution of each."""
+  indices = torchvision_conv_indices()
+  last = np.cumsum(CONVS_PER_BLOCK) - 1
+  keys = [f"features.{indices[i]}.weight" for i in last]
+  missing = [k for k in keys + ["features.0.weight"] if k not in state]
+  if missing:
+    raise ValueError(f"{where}: not a torchvision vgg16 state_dict, missing {missing}")
+  for k in keys + ["features.0.weight"]:
+    if state[k].ndim != 4:
+      raise ValueError(f"{where}: {k} has shape {list(state[k].shape)}, expected a 4-D conv weight")
+  vgg = VGG16Config(block_channels=tuple(int(state[k].shape[0]) for k in keys),
+                    in_channels=int(state["features.0.weight"].shape[1]))
+  return LPIPSConfig(vgg=vgg)
+
+
+def plan(state: dict[str, np.ndarray], cfg: LPIPSConfig, where: str) -> dict[str, np.ndarray]:
+  """{flax path: array} for every LPIPS parameter; one ValueError lists every problem."""
+  key_map = KeyMap(lpips_map.RULES)
+  abstract = nnx.eval_shape(lambda: LPIPS(cfg, rngs=nnx.Rngs(0)))
+  expected = hf_to_flax.flatten(nnx.state(abstract, nnx.Param))
+  out, unexpected, mismatched = {}, [], []
+  for key, value in state.items():
+    match = key_map.hf_to_flax(key)
+    if match is None or match[0] not in expected:
+      unexpected.append(key)
+      continue
+    path, transform = match
+    want = tuple(expected[path].shape)
+    try:
+      got = transform.flax_shape(value.shape)
+    except ValueError as e:
+      got = f"({e})"
+    if got != want:
+      mismatched.append(f"{key} {list(value.shape)} -> {path} gives {got}, model expects {want}")
+      continue
+    out[path] = transform.to_flax(value)
+  missing = [f"{key_map.flax_to_hf(p)[0]} (for {p})" for p in expected if p not in out]
+  hf_to_flax.check_coverage(where, missing, unexpected, mismatched)
+  return out
+
+
+def convert(vgg16_path: str, lpips_path: str, out_dir: str) -> dict:
+  """Writes `out_dir`/{config.json, params/}; returns {'tensors', 'bytes', 'config'}."""
+  vgg = read_state_dict(vgg16_path, keep=lambda k: not k.startswith(lpips_map.IGNORED_PREFIXES))
+  heads = read_state_dict(lpips_path)
+  both = set(vgg) & set(heads)
+  if both:
+    raise ValueError(f"{vgg16_path} and {lpips_path} both hold {sorted(both)}")
+  cfg = config_from_vgg(vgg, vgg16_path)
+  flat = plan({**vgg, **heads}, cfg, f"LPIPS from {vgg16_path} + {lpips_path}")
+  params_dir = os.path.join(out_dir, "params")
+  if os.path.exists(params_dir):
+    raise ValueError(f"{params_dir} already exists; remove it or choose another out_dir")
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, CONFIG_NAME), "w") as f:
+    json.dump(cfg.to_hf(), f, indent=2)
+  hf_to_flax.save_params(params_dir, flat)
+  return {"tensors": len(flat), "bytes": sum(a.nbytes for a in flat.values()), "config": cfg.to_hf()}
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m checkpoints_convert.lpips", description=__doc__.splitlines()[0])
+  p.add_argument("--vgg16", required=True, help="torchvision vgg16 state_dict (.pth or .safetensors)")
+  p.add_argument("--lpips", required=True, help="lpips package weights/v0.1/vgg.pth (or .safetensors)")
+  p.add_argument("--out_dir", required=True, help="folder to write config.json and params/ into")
+  args = p.parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    done = convert(args.vgg16, args.lpips, args.out_dir)
+  except (ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  print(f"converted LPIPS-VGG16: {done['tensors']} tensors, {done['bytes'] / 1e6:.1f} MB -> {args.out_dir}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

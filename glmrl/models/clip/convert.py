@@ -1,0 +1,116 @@
+"""Hugging Face `CLIPModel` folder -> converted CLIP folder, through `checkpoints_convert`.
+
+    python -m glmrl.models.clip.convert --hf_dir clip-vit-large-patch14 --out_dir clip-l
+
+A clean `model.safetensors` (or sharded index) is converted directly by the `clip` component of
+`checkpoints_convert` (streaming, every key and parameter checked). Two released layouts need one
+extra step first: checkpoints saved before transformers 4.31 hold the non-parameter
+`{text,vision}_model.embeddings.position_ids` buffers, and some folders (PickScore_v1) may ship only
+`pytorch_model.bin`. Those tensors are first streamed, one at a time and without the legacy
+buffers, into a temporary safetensors file inside `out_dir` (deleted afterwards), which is then
+converted as above. Tokenizer and preprocessor files are copied next to `params/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from typing import Callable
+
+import glmrl  # noqa: F401
+
+import numpy as np
+
+from checkpoints_convert import components, hf_to_flax
+from checkpoints_convert import safetensors_stream as st
+from glmrl.models.clip.checkpoint import COMPONENT
+
+LEGACY_BUFFERS = ("text_model.embeddings.position_ids", "vision_model.embeddings.position_ids")
+TORCH_WEIGHTS = "pytorch_model.bin"
+
+
+def _torch_numpy(tensor) -> np.ndarray:
+  import ml_dtypes
+  import torch
+
+  tensor = tensor.detach().cpu().contiguous()
+  if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits
+    return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+  return tensor.numpy()
+
+
+def _torch_source(path: str):
+  """(specs, read) of a torch state_dict file, memory-mapped so tensors are read one at a time."""
+  import torch
+
+  try:
+    state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+  except Exception as e:  # torch raises several types for corrupt or non-state_dict files
+    raise ValueError(f"{path}: could not be read as a torch state_dict ({type(e).__name__}: {e})") from e
+  if not isinstance(state, dict):
+    raise ValueError(f"{path}: holds a {type(state).__name__}, not a state_dict")
+  specs = [st.TensorSpec(k, tuple(v.shape), _torch_numpy(v.new_empty(0)).dtype)
+           for k, v in state.items() if k not in LEGACY_BUFFERS]
+  return specs, lambda key: _torch_numpy(state[key])
+
+
+def _safetensors_source(reader: st.SafetensorsReader):
+  specs = [st.TensorSpec(k, reader.info(k).shape, reader.info(k).dtype)
+           for k in reader.keys() if k not in LEGACY_BUFFERS]
+  return specs, reader.read
+
+
+def convert(hf_dir: str, out_dir: str, log: Callable[[str], None] = print) -> dict:
+  """Converts one HF CLIP folder into `out_dir`/{params/, config.json, tokenizer files, ...}."""
+  if not os.path.isdir(hf_dir):
+    raise ValueError(f"--hf_dir {hf_dir!r} is not a directory")
+  component = components.get(COMPONENT)
+  component.config_from_hf(component.read_config(hf_dir))  # a bad config fails before anything is read
+  params_dir = os.path.join(out_dir, components.PARAMS_DIR)
+  if os.path.exists(params_dir):
+    raise ValueError(f"{params_dir} already exists; remove it or choose another out_dir")
+  try:
+    reader = st.SafetensorsReader(st.find_weights(hf_dir, component.weights_name))
+  except FileNotFoundError:
+    reader = None
+  if reader is not None and not any(k in reader for k in LEGACY_BUFFERS):
+    result = hf_to_flax.convert_component(component, hf_dir, out_dir)
+    log(f"converted {hf_dir}: {result['tensors']} tensors, {result['bytes'] / 1e9:.3f} GB -> {out_dir}")
+    return result
+  if reader is not None:
+    specs, read = _safetensors_source(reader)
+    log(f"{hf_dir}: dropping legacy buffers {[k for k in LEGACY_BUFFERS if k in reader]}")
+  elif os.path.isfile(os.path.join(hf_dir, TORCH_WEIGHTS)):
+    specs, read = _torch_source(os.path.join(hf_dir, TORCH_WEIGHTS))
+    log(f"{hf_dir}: reading {TORCH_WEIGHTS}")
+  else:
+    raise FileNotFoundError(f"{hf_dir} has neither {component.weights_name} (or its index) nor {TORCH_WEIGHTS}")
+  os.makedirs(out_dir, exist_ok=True)
+  total = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in specs)
+  with tempfile.TemporaryDirectory(prefix=".clip-clean-", dir=out_dir) as tmp:
+    shutil.copy2(os.path.join(hf_dir, component.config_name), tmp)
+    st.write_safetensors(tmp, component.weights_name, specs, read, max_shard_size=total + 1)
+    plan, clean = hf_to_flax.plan_component(component, tmp)
+    result = hf_to_flax.convert_component(component, hf_dir, out_dir, plan, clean)
+  log(f"converted {hf_dir}: {result['tensors']} tensors, {result['bytes'] / 1e9:.3f} GB -> {out_dir}")
+  return result
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m glmrl.models.clip.convert", description=__doc__.splitlines()[0])
+  p.add_argument("--hf_dir", required=True, help="HF CLIPModel folder (config.json + weights + tokenizer)")
+  p.add_argument("--out_dir", required=True, help="where config.json, params/ and the tokenizer are written")
+  args = p.parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    convert(args.hf_dir, args.out_dir)
+  except (ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,170 @@
+"""CLIPImageProcessor's preprocessing on device: shortest-side resize, center crop, rescale, normalise.
+
+The reference resizes with PIL on uint8 images: a separable antialiased filter (PIL's bicubic is the
+Keys kernel with a = -0.5, widened by the downscale factor), horizontal pass first, each pass rounded
+and clipped to uint8. `jax.image.scale_and_translate` with antialiasing uses the same kernel, support
+and per-pixel weight normalisation, so running it one axis at a time with the same rounding matches
+PIL up to PIL's 22-bit fixed-point filter coefficients (an occasional 1/255 step where a value falls
+on a rounding boundary; tests/models/clip/test_preprocess.py measures it). Output shapes depend only
+on the static input shape, so the whole function jits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# transformers' OPENAI_CLIP_MEAN / OPENAI_CLIP_STD, used by every CLIP checkpoint here.
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# PIL resampling codes (PILImageResampling) -> jax.image kernels with the same shape.
+RESAMPLE = {2: "linear", 3: "cubic"}
+
+
+def _size_dict(value, name: str) -> dict:
+  if isinstance(value, int) and not isinstance(value, bool):
+    return {"shortest_edge": value} if name == "size" else {"height": value, "width": value}
+  if isinstance(value, dict):
+    return dict(value)
+  raise ValueError(f"preprocessor {name}={value!r} must be an int or a dict")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageProcessing:
+  """The fields of a CLIP `preprocessor_config.json` that matter; defaults are CLIPImageProcessor's.
+
+  `shortest_edge` resizes keeping the aspect ratio (the long side is floor(long * edge / short));
+  `resize_height` / `resize_width` (both set, `shortest_edge` None) resize to an exact size.
+  """
+  do_resize: bool = True
+  shortest_edge: int | None = 224
+  resize_height: int | None = None
+  resize_width: int | None = None
+  resample: int = 3
+  do_center_crop: bool = True
+  crop_height: int = 224
+  crop_width: int = 224
+  do_rescale: bool = True
+  rescale_factor: float = 1 / 255
+  do_normalize: bool = True
+  image_mean: tuple[float, ...] = OPENAI_CLIP_MEAN
+  image_std: tuple[float, ...] = OPENAI_CLIP_STD
+
+  def __post_init__(self):
+    object.__setattr__(self, "image_mean", tuple(float(m) for m in self.image_mean))
+    object.__setattr__(self, "image_std", tuple(float(s) for s in self.image_std))
+    if self.resample not in RESAMPLE:
+      raise ValueError(f"resample={self.resample!r} is not supported (PIL codes {sorted(RESAMPLE)}: "
+                       "2 bilinear, 3 bicubic)")
+    exact = (self.resize_height, self.resize_width)
+    if self.do_resize and (self.shortest_edge is None) == (None in exact):
+      raise ValueError(f"give either shortest_edge or both resize_height and resize_width, got "
+                       f"shortest_edge={self.shortest_edge}, resize=({self.resize_height}, {self.resize_width})")
+    for name in ("shortest_edge", "resize_height", "resize_width", "crop_height", "crop_width"):
+      value = getattr(self, name)
+      if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(f"ImageProcessing.{name}={value!r} must be a positive int")
+    if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
+      raise ValueError(f"image_mean={self.image_mean} / image_std={self.image_std} must be 3 values, std > 0")
+
+  @classmethod
+  def from_hf(cls, d: dict) -> "ImageProcessing":
+    """From a `preprocessor_config.json` dict (new `{"shortest_edge": n}` or legacy int sizes)."""
+    values: dict[str, Any] = {k: d[k] for k in ("do_resize", "resample", "do_center_crop", "do_rescale",
+                                               "rescale_factor", "do_normalize", "image_mean", "image_std")
+                              if d.get(k) is not None}
+    if d.get("size") is not None:
+      size = _size_dict(d["size"], "size")
+      if "shortest_edge" in size:
+        values["shortest_edge"] = size["shortest_edge"]
+      elif "height" in size and "width" in size:
+        values.update(shortest_edge=None, resize_height=size["height"], resize_width=size["width"])
+      else:
+        raise ValueError(f"preprocessor size={d['size']!r} needs shortest_edge or height and width")
+    if d.get("crop_size") is not None:
+      crop = _size_dict(d["crop_size"], "crop_size")
+      if "height" not in crop or "width" not in crop:
+        raise ValueError(f"preprocessor crop_size={d['crop_size']!r} needs height and width")
+      values.update(crop_height=crop["height"], crop_width=crop["width"])
+    return cls(**values)
+
+  def to_hf(self) -> dict:
+    """A dict `CLIPImageProcessor(**d)` accepts."""
+    size = ({"shortest_edge": self.shortest_edge} if self.shortest_edge is not None
+            else {"height": self.resize_height, "width": self.resize_width})
+    return dict(do_resize=self.do_resize, size=size, resample=self.resample, do_center_crop=self.do_center_crop,
+                crop_size={"height": self.crop_height, "width": self.crop_width}, do_rescale=self.do_rescale,
+                rescale_factor=self.rescale_factor, do_normalize=self.do_normalize,
+                image_mean=list(self.image_mean), image_std=list(self.image_std))
+
+  @classmethod
+  def full(cls, **overrides) -> "ImageProcessing":
+    """224 x 224, as openai/clip-vit-large-patch14 and laion/CLIP-ViT-H-14 ship it."""
+    return cls(**overrides)
+
+  @classmethod
+  def tiny(cls, size: int = 32, **overrides) -> "ImageProcessing":
+    return cls(**{"shortest_edge": size, "crop_height": size, "crop_width": size, **overrides})
+
+  def resized_hw(self, height: int, width: int) -> tuple[int, int]:
+    """The (height, width) after resizing (host-side, as transformers computes it)."""
+    if not self.do_resize:
+      return height, width
+    if self.shortest_edge is None:
+      return self.resize_height, self.resize_width
+    short, long = min(height, width), max(height, width)
+    new_long = int(self.shortest_edge * long / short)
+    return (new_long, self.shortest_edge) if width <= height else (self.shortest_edge, new_long)
+
+  def output_hw(self, height: int, width: int) -> tuple[int, int]:
+    if self.do_center_crop:
+      return self.crop_height, self.crop_width
+    return self.resized_hw(height, width)
+
+
+def _resize_axis_uint8(x_BxHxWxC: jax.Array, axis: int, size: int, kernel: str) -> jax.Array:
+  """One antialiased pass along `axis` of uint8-valued floats, rounded and clipped like PIL."""
+  if x_BxHxWxC.shape[axis] == size:
+    return x_BxHxWxC
+  shape = list(x_BxHxWxC.shape)
+  shape[axis] = size
+  scale = size / x_BxHxWxC.shape[axis]
+  y = jax.image.scale_and_translate(x_BxHxWxC, shape, (axis,), jnp.asarray([scale], jnp.float32),
+                                    jnp.zeros((1,), jnp.float32), method=kernel, antialias=True)
+  # PIL rounds half up when it stores each pass as uint8.
+  return jnp.clip(jnp.floor(y + 0.5), 0.0, 255.0)
+
+
+def center_crop_offsets(height: int, width: int, crop_h: int, crop_w: int) -> tuple[int, int]:
+  if crop_h > height or crop_w > width:
+    raise ValueError(f"center crop {crop_h}x{crop_w} is larger than the resized {height}x{width} image "
+                     "(padding is not supported)")
+  return (height - crop_h) // 2, (width - crop_w) // 2
+
+
+def preprocess(images_BxHxWx3, proc: ImageProcessing) -> jax.Array:
+  """uint8 [B, H, W, 3] images -> float32 pixel values [B, crop_h, crop_w, 3] (NHWC) for the vision tower."""
+  shape = tuple(images_BxHxWx3.shape)
+  if len(shape) != 4 or shape[-1] != 3:
+    raise ValueError(f"images must be [B, H, W, 3], got shape {shape}")
+  if np.dtype(images_BxHxWx3.dtype) != np.uint8:
+    raise ValueError(f"images must be uint8, got dtype {images_BxHxWx3.dtype}")
+  x_BxHxWx3 = jnp.asarray(images_BxHxWx3).astype(jnp.float32)
+  if proc.do_resize:
+    new_h, new_w = proc.resized_hw(shape[1], shape[2])
+    kernel = RESAMPLE[proc.resample]
+    x_BxHxWx3 = _resize_axis_uint8(x_BxHxWx3, 2, new_w, kernel)
+    x_BxHxWx3 = _resize_axis_uint8(x_BxHxWx3, 1, new_h, kernel)
+  if proc.do_center_crop:
+    h, w = x_BxHxWx3.shape[1:3]
+    top, left = center_crop_offsets(h, w, proc.crop_height, proc.crop_width)
+    x_BxHxWx3 = x_BxHxWx3[:, top:top + proc.crop_height, left:left + proc.crop_width]
+  if proc.do_rescale:
+    x_BxHxWx3 = x_BxHxWx3 * jnp.float32(proc.rescale_factor)
+  if proc.do_normalize:
+    x_BxHxWx3 = (x_BxHxWx3 - jnp.asarray(proc.image_mean, jnp.float32)) / jnp.asarray(proc.image_std, jnp.float32)
+  return x_BxHxWx3

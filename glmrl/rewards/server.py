@@ -1,0 +1,312 @@
+"""Reference reward server (standard library only) serving a pluggable scorer to `RemoteRewardClient`.
+
+    python -m glmrl.rewards.server --scorer=glmrl.rewards.server:brightness --port=8000
+
+Endpoints: POST /score (the protocol in `glmrl.rewards.remote`), GET /health. JSON only: the body
+must be `Content-Type: application/json` and is parsed with `json` (never pickle); its size, the
+image count, each image's side, the total pixel count and the prompt lengths are bounded (flags
+below), and images must be base64 PNG, 8-bit RGB. Binds to 127.0.0.1 unless --host says otherwise;
+there is no authentication, so only expose it on a trusted network.
+
+The scorer is `module:function`, called as `fn(images, prompts, metadata)` with `images` a list of
+uint8 [H, W, 3] numpy arrays, `prompts` a list of str and `metadata` a list of dicts (one per
+image; what the client's `metadata_keys` selected). It returns one value per image, either
+
+- numbers: a reward, answered as {"scores": [...]} (`brightness` below is an example), or
+- strings: an OCR scorer, the text read from each image, answered as {"texts": [...]}; the
+  `text_accuracy` reward compares them with the prompts' quoted texts. E.g. with PaddleOCR, join
+  the recognised lines of an image into one string, as Flow-GRPO does.
+
+At most --workers scorer calls run at once (default 1: models are rarely thread-safe); decoding
+runs in the request threads. A scorer exception or an output of the wrong shape is answered with
+HTTP 500 and {"error": ...}, bad requests with 4xx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import dataclasses
+import http.server
+import importlib
+import io
+import json
+import math
+import socket
+import sys
+import threading
+from typing import Any, Callable
+
+import numpy as np
+from PIL import Image
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  max_request_bytes: int = 64 * 2**20
+  max_images: int = 64
+  max_side: int = 4096
+  max_total_pixels: int = 2**26   # decoded RGB pixels in one request (~200 MB), against PNG bombs
+  max_prompt_chars: int = 4096
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"server limit {f.name}={v!r} must be a positive integer")
+
+
+class BadRequest(ValueError):
+  def __init__(self, status: int, message: str):
+    super().__init__(message)
+    self.status = status
+
+
+def _reject_constant(name):
+  raise ValueError(f"{name} is not valid JSON")
+
+
+def decode_image(text: Any, i: int, limits: Limits) -> np.ndarray:
+  """base64 PNG -> uint8 [H, W, 3], checking the header before decoding the pixels."""
+  if not isinstance(text, str):
+    raise BadRequest(400, f"images[{i}] must be a base64 string, got {type(text).__name__}")
+  try:
+    raw = base64.b64decode(text, validate=True)
+  except (binascii.Error, ValueError) as e:
+    raise BadRequest(400, f"images[{i}] is not valid base64 ({e})") from e
+  if not raw.startswith(PNG_SIGNATURE):
+    raise BadRequest(400, f"images[{i}] is not a PNG")
+  try:
+    with Image.open(io.BytesIO(raw), formats=["PNG"]) as img:
+      w, h = img.size
+      if max(w, h) > limits.max_side:
+        raise BadRequest(400, f"images[{i}] is {w}x{h}, larger than max_side={limits.max_side}")
+      if img.mode != "RGB":
+        raise BadRequest(400, f"images[{i}] has PNG mode {img.mode!r}, expected 8-bit 'RGB'")
+      img.load()
+      return np.asarray(img, np.uint8).copy()
+  except BadRequest:
+    raise
+  except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+    raise BadRequest(400, f"images[{i}] could not be decoded ({type(e).__name__}: {e})") from e
+
+
+def _png_size(text: str) -> tuple[int, int] | None:
+  """(width, height) from a base64 PNG's IHDR chunk, or None when it is not one (decode reports why)."""
+  try:
+    head = base64.b64decode(text[:44], validate=True)
+  except (binascii.Error, ValueError, TypeError):
+    return None
+  if len(head) < 24 or not head.startswith(PNG_SIGNATURE) or head[12:16] != b"IHDR":
+    return None
+  return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def parse_request(body: bytes, limits: Limits) -> tuple[list[np.ndarray], list[str], list[dict]]:
+  try:
+    request = json.loads(body, parse_constant=_reject_constant)
+  except (UnicodeDecodeError, ValueError) as e:
+    raise BadRequest(400, f"body is not valid JSON ({e})") from e
+  if not isinstance(request, dict):
+    raise BadRequest(400, f"body must be a JSON object, got {type(request).__name__}")
+  unknown = sorted(set(request) - {"images", "prompts", "metadata"})
+  if unknown:
+    raise BadRequest(400, f"unknown field(s) {unknown}; expected images, prompts, metadata")
+  images, prompts = request.get("images"), request.get("prompts")
+  if not isinstance(images, list) or not images:
+    raise BadRequest(400, "images must be a non-empty list of base64 PNG strings")
+  n = len(images)
+  if n > limits.max_images:
+    raise BadRequest(400, f"{n} images is more than max_images={limits.max_images}")
+  if not isinstance(prompts, list) or len(prompts) != n or not all(isinstance(p, str) for p in prompts):
+    raise BadRequest(400, f"prompts must be a list of {n} strings (one per image)")
+  long = [i for i, p in enumerate(prompts) if len(p) > limits.max_prompt_chars]
+  if long:
+    raise BadRequest(400, f"prompts {long} are longer than max_prompt_chars={limits.max_prompt_chars}")
+  metadata = request.get("metadata")
+  if metadata is None:
+    metadata = [{} for _ in range(n)]
+  if not isinstance(metadata, list) or len(metadata) != n or not all(isinstance(m, dict) for m in metadata):
+    raise BadRequest(400, f"metadata must be a list of {n} objects (one per image)")
+  pixels = sum(w * h for w, h in filter(None, (_png_size(t) if isinstance(t, str) else None for t in images)))
+  if pixels > limits.max_total_pixels:
+    raise BadRequest(400, f"the images hold {pixels} pixels, more than max_total_pixels={limits.max_total_pixels}")
+  return [decode_image(t, i, limits) for i, t in enumerate(images)], prompts, metadata
+
+
+def format_output(values: Any, n: int) -> dict:
+  """The scorer's output as {"scores": [...]} or {"texts": [...]}; ValueError if it is neither."""
+  if isinstance(values, np.ndarray):
+    values = values.tolist()
+  if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n:
+    raise ValueError(f"scorer must return {n} values (one per image), got {values!r:.200}")
+  values = list(values)
+  if all(isinstance(v, str) for v in values):
+    return {"texts": values}
+  scores = []
+  for i, v in enumerate(values):
+    if isinstance(v, np.generic):
+      v = v.item()
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+      raise ValueError(f"scorer output[{i}] = {v!r:.100} is neither a finite number nor (with all others) a string")
+    scores.append(float(v))
+  return {"scores": scores}
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+  server: "RewardServer"
+  server_version = "glmrl-reward-server/1"
+  timeout = 120  # seconds a connection may stall while sending its request
+
+  def log_message(self, format, *args):
+    if self.server.verbose:
+      super().log_message(format, *args)
+
+  def _reply(self, status: int, payload: dict):
+    body = json.dumps(payload).encode("utf-8")
+    self.send_response(status)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  def do_GET(self):
+    if self.path != "/health":
+      self._reply(404, {"error": f"no such endpoint GET {self.path}; use GET /health or POST /score"})
+      return
+    self._reply(200, {"status": "ok", "scorer": self.server.scorer_name})
+
+  def do_POST(self):
+    try:
+      images, prompts, metadata = self._read()
+    except BadRequest as e:
+      self.close_connection = True
+      self._reply(e.status, {"error": str(e)})
+      return
+    try:
+      with self.server.scoring:
+        out = self.server.scorer(images, prompts, metadata)
+      payload = format_output(out, len(images))
+    except Exception as e:  # the scorer is user code: any failure is answered, never dropped
+      self._reply(500, {"error": f"scorer {self.server.scorer_name} failed: {type(e).__name__}: {e}"})
+      return
+    self._reply(200, payload)
+
+  def _read(self):
+    if self.path != "/score":
+      raise BadRequest(404, f"no such endpoint POST {self.path}; use POST /score")
+    ctype = self.headers.get("Content-Type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+      raise BadRequest(415, f"Content-Type must be application/json, got {ctype!r}")
+    length = self.headers.get("Content-Length")
+    if length is None or not length.isdigit():
+      raise BadRequest(411, f"a Content-Length header is required, got {length!r}")
+    limits, n = self.server.limits, int(length)
+    if n > limits.max_request_bytes:
+      # A body left unread makes the kernel reset the connection, and the client would see that
+      # instead of this answer; bodies up to twice the limit are read and dropped first.
+      left = n if n <= 2 * limits.max_request_bytes else 0
+      while left > 0:
+        got = len(self.rfile.read(min(2**20, left)))
+        left = left - got if got else 0
+      raise BadRequest(413, f"request of {n} bytes is larger than max_request_bytes={limits.max_request_bytes}; "
+                       "send fewer images per request (the client's chunk_size)")
+    body = self.rfile.read(n)
+    if len(body) != n:
+      raise BadRequest(400, f"body ended after {len(body)} of {n} bytes")
+    return parse_request(body, limits)
+
+
+class RewardServer(http.server.ThreadingHTTPServer):
+  """One thread per request; scorer calls limited to `workers` at a time."""
+  daemon_threads = True
+
+  def __init__(self, scorer: Callable, *, host: str = "127.0.0.1", port: int = 0,
+               limits: Limits = Limits(), workers: int = 1, verbose: bool = False,
+               scorer_name: str | None = None):
+    if not callable(scorer):
+      raise ValueError(f"scorer {scorer!r} is not callable")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+      raise ValueError(f"workers={workers!r} must be a positive integer")
+    self.scorer, self.limits, self.verbose = scorer, limits, verbose
+    self.scorer_name = scorer_name or getattr(scorer, "__qualname__", repr(scorer))
+    self.scoring = threading.BoundedSemaphore(workers)
+    if ":" in host:
+      self.address_family = socket.AF_INET6
+    super().__init__((host, port), _Handler)
+
+  def handle_error(self, request, client_address):
+    # A client that timed out and hung up is its own problem; anything else is printed as usual.
+    if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+      if self.verbose:
+        print(f"client {client_address} disconnected before its answer", file=sys.stderr)
+      return
+    super().handle_error(request, client_address)
+
+  @property
+  def url(self) -> str:
+    host, port = self.server_address[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/score"
+
+
+def load_scorer(spec: str) -> Callable:
+  """'package.module:function' -> the function."""
+  module_name, sep, attr = spec.partition(":")
+  if not sep or not module_name or not attr:
+    raise ValueError(f"--scorer={spec!r} must be module:function, e.g. glmrl.rewards.server:brightness")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ValueError(f"--scorer={spec!r}: cannot import {module_name!r} ({e})") from e
+  fn = getattr(module, attr, None)
+  if not callable(fn):
+    raise ValueError(f"--scorer={spec!r}: {module_name} has no callable {attr!r}")
+  return fn
+
+
+def brightness(images, prompts, metadata):
+  """Example scorer: mean BT.601 luma in [0, 1], the built-in `brightness` reward per image."""
+  from glmrl.rewards import image_stats
+
+  return [float(image_stats.brightness(im[None], None, None)[0]) for im in images]
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m glmrl.rewards.server", description=__doc__.splitlines()[0])
+  p.add_argument("--scorer", required=True, help="module:function to serve")
+  p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+  p.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed at start)")
+  p.add_argument("--workers", type=int, default=1, help="scorer calls allowed at once")
+  p.add_argument("--max_request_mb", type=float, default=Limits.max_request_bytes / 2**20)
+  p.add_argument("--max_images", type=int, default=Limits.max_images)
+  p.add_argument("--max_side", type=int, default=Limits.max_side)
+  p.add_argument("--max_total_pixels", type=int, default=Limits.max_total_pixels)
+  p.add_argument("--verbose", action="store_true", help="log every request to stderr")
+  args = p.parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    limits = Limits(max_request_bytes=int(args.max_request_mb * 2**20), max_images=args.max_images,
+                    max_side=args.max_side, max_total_pixels=args.max_total_pixels)
+    server = RewardServer(load_scorer(args.scorer), host=args.host, port=args.port, limits=limits,
+                          workers=args.workers, verbose=args.verbose, scorer_name=args.scorer)
+  except (ValueError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if args.host not in _LOOPBACK:
+    print(f"warning: serving on {args.host}, reachable from other machines; there is no authentication",
+          file=sys.stderr)
+  print(f"serving {args.scorer} on {server.url}", flush=True)
+  try:
+    server.serve_forever()
+  except KeyboardInterrupt:
+    pass
+  finally:
+    server.server_close()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
