@@ -35,3 +35,14 @@ def load_state_dict(model: nnx.Module, state_dict: dict, rules) -> nnx.Module:
 def port(torch_model, model_cls, cfg, rules):
   """Our model holding `torch_model`'s weights."""
   return load_state_dict(abstract(model_cls, cfg), torch_model.state_dict(), rules)
+
+
+def assert_rules_cover(rules, hf_keys, flax_paths):
+  """Each HF key matches exactly one rule, and the rules map the HF keys onto exactly `flax_paths`."""
+  key_map = KeyMap(rules)
+  for key in hf_keys:
+    matches = [r for r in rules if KeyMap([r]).hf_to_flax(key)]
+    assert len(matches) == 1, (key, matches)
+  assert {key_map.hf_to_flax(k)[0] for k in hf_keys} == set(flax_paths)
+  for path in flax_paths:
+    assert key_map.flax_to_hf(path)[0] in hf_keys, path

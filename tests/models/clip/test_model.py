@@ -20,6 +20,7 @@ from checkpoints_convert.rules import KeyMap, flax_path_str
 from glmrl.models.clip import ClipConfig, ClipModel
 from tests.models.clip import tiny
 from tests.torch_port import abstract, port
+from tests import torch_port
 
 ATOL = 1e-4
 KEYMAP = KeyMap(RULES)
@@ -50,19 +51,11 @@ def _inputs(cfg, seed=0):
   return pixels, ids, mask
 
 
-def assert_rules_cover(ref_keys, flax_paths):
-  for key in ref_keys:
-    matches = [r for r in RULES if KeyMap([r]).hf_to_flax(key)]
-    assert len(matches) == 1, (key, matches)
-  assert {KEYMAP.hf_to_flax(k)[0] for k in ref_keys} == set(flax_paths)
-  for path in flax_paths:
-    assert KEYMAP.flax_to_hf(path)[0] in ref_keys, path
-
 
 def test_key_map_coverage_and_round_trip(models):
   _, ref, ours = models
   sd = ref.state_dict()
-  assert_rules_cover(set(sd), flax_params(ours))
+  torch_port.assert_rules_cover(RULES, set(sd), flax_params(ours))
   for key, tensor in sd.items():
     path, transform = KEYMAP.hf_to_flax(key)
     hf_key, back = KEYMAP.flax_to_hf(path)
@@ -118,7 +111,7 @@ def test_full_size_shapes_param_count_and_coverage(name):
   sizes = {k: int(np.prod(v.shape)) for k, v in params.items()}
   assert sum(sizes.values()) == sum(p.numel() for p in ref.parameters())
   sd = ref.state_dict()
-  assert_rules_cover(set(sd), params)
+  torch_port.assert_rules_cover(RULES, set(sd), params)
   for key, tensor in sd.items():
     path, transform = KEYMAP.hf_to_flax(key)
     assert transform.flax_shape(tuple(tensor.shape)) == tuple(params[path].shape), key

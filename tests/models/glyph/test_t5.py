@@ -50,19 +50,11 @@ def models(request):
   return cfg, ref, ours
 
 
-def assert_rules_cover(ref_keys, flax_paths):
-  for key in ref_keys:
-    matches = [r for r in RULES if KeyMap([r]).hf_to_flax(key)]
-    assert len(matches) == 1, (key, matches)
-  assert {KEYMAP.hf_to_flax(k)[0] for k in ref_keys} == set(flax_paths)
-  for path in flax_paths:
-    assert KEYMAP.flax_to_hf(path)[0] in ref_keys, path
-
 
 def test_key_map_coverage_and_round_trip(models):
   _, ref, ours = models
   sd = ref.state_dict()
-  assert_rules_cover(set(sd), flax_params(ours))
+  torch_port.assert_rules_cover(RULES, set(sd), flax_params(ours))
   for key, tensor in sd.items():
     path, transform = KEYMAP.hf_to_flax(key)
     hf_key, back = KEYMAP.flax_to_hf(path)
@@ -101,7 +93,7 @@ def test_full_size_param_count_and_coverage():
   # parameters() counts the tied embedding once, like our single table.
   assert sum(int(np.prod(v.shape)) for v in params.values()) == sum(p.numel() for p in ref.parameters())
   sd = ref.state_dict()
-  assert_rules_cover(set(sd), params)
+  torch_port.assert_rules_cover(RULES, set(sd), params)
   for key, tensor in sd.items():
     path, transform = KEYMAP.hf_to_flax(key)
     assert transform.flax_shape(tuple(tensor.shape)) == tuple(params[path].shape), key

@@ -59,19 +59,10 @@ def nhwc(x):
   return jnp.asarray(np.asarray(x).transpose(0, 2, 3, 1))
 
 
-def assert_rules_cover(ref_keys, flax_paths):
-  for key in ref_keys:
-    matches = [r for r in RULES if KeyMap([r]).hf_to_flax(key)]
-    assert len(matches) == 1, (key, matches)
-  produced = {KEYMAP.hf_to_flax(k)[0] for k in ref_keys}
-  assert produced == set(flax_paths)
-  for path in flax_paths:
-    assert KEYMAP.flax_to_hf(path)[0] in ref_keys, path
-
 
 def test_key_map_coverage_tiny(models):
   _, ref, ours = models
-  assert_rules_cover(set(ref.state_dict()), flax_params(ours))
+  torch_port.assert_rules_cover(RULES, set(ref.state_dict()), flax_params(ours))
 
 
 def test_key_map_round_trip_bit_exact(models):
@@ -154,7 +145,7 @@ def test_full_size_param_count_and_coverage():
   abstract = nnx.eval_shape(lambda: AutoencoderKL(cfg, rngs=nnx.Rngs(0)))
   params = flax_params(abstract)
   assert sum(int(np.prod(v.shape)) for v in params.values()) == sum(p.numel() for p in ref.parameters())
-  assert_rules_cover(set(ref.state_dict()), params)
+  torch_port.assert_rules_cover(RULES, set(ref.state_dict()), params)
   for key, tensor in ref.state_dict().items():
     path, transform = KEYMAP.hf_to_flax(key)
     assert transform.flax_shape(tuple(tensor.shape)) == tuple(params[path].shape), key
