@@ -45,3 +45,27 @@ def test_nonfinite_rewards_skip_updates_then_stop(tmp_path, nan_reward):
       trainer.step()
   finally:
     trainer.close()
+
+
+@pytest.fixture
+def prompt_length_reward():
+  """A model-backed reward whose host-side `prepare` turns the prompts into arrays for the jitted scoring."""
+  def factory(scale: float):
+    prepare = lambda prompts, metadata: {"test_len": np.array([len(p) for p in prompts], np.float32)}
+    return rewards.ModelReward(lambda images, prompts, metadata: scale * metadata["test_len"], prepare)
+  rewards.register_factory("test_prompt_length", factory, pure_jax=True)
+  yield "test_prompt_length"
+  rewards.unregister("test_prompt_length")
+
+
+def test_model_backed_reward_gets_its_prepared_inputs(tmp_path, prompt_length_reward):
+  config = tiny_config()
+  config.rewards = [{"name": prompt_length_reward, "weight": 1.0, "kwargs": {"scale": 0.5}}]
+  trainer = loop.Trainer(config, str(tmp_path))
+  try:
+    order = trainer.run.iterator.epoch_order(0)[:config.data.prompts_per_step]
+    scalars = trainer.step()
+  finally:
+    trainer.close()
+  want = 0.5 * np.mean([len(trainer.run.records[i].prompt) for i in order])
+  np.testing.assert_allclose(scalars["reward/mean"], want, rtol=1e-6)

@@ -15,7 +15,7 @@ from tests.train.common import tiny_config
 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
-  t = loop.Trainer(tiny_config(), str(tmp_path_factory.mktemp("step")))
+  t = loop.Trainer(tiny_config(grpo__num_iterations=2), str(tmp_path_factory.mktemp("step")))
   yield t
   t.close()
 
@@ -26,6 +26,8 @@ def test_one_step(trainer):
   assert trainer.step_index == 1
   # The old log-probs come from the update's own function: the first ratio is exactly 1.
   assert scalars["first_iter/ratio/min"] == 1.0 and scalars["first_iter/ratio/max"] == 1.0
+  # The second of the two policy iterations sees the policy the first one moved.
+  assert scalars["ratio/min"] < 1.0 < scalars["ratio/max"]
   assert scalars["logprob/sampler_vs_recomputed_max_abs"] < 1e-5
   assert np.isfinite(scalars["loss"]) and scalars["grad_norm"] > 0 and scalars["skipped"] == 0
   for key in ("reward/mean", "reward/std", "reward/brightness/mean", "advantage/mean", "clip/low_frac",
