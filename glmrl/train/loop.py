@@ -46,8 +46,11 @@ class Trainer:
     self.tx, self.schedule = optimizer_lib.make_optimizer(config.optim, config.train.num_steps)
     # Optimizer moments are float32 whatever the parameter dtype (bfloat16 params get float32 AdamW
     # state), on the parameters' shardings (jit propagates them).
-    self.opt_state = jax.jit(lambda p: self.tx.init(jax.tree.map(lambda x: x.astype(jnp.float32), p)))(
-        run.trainable)
+    opt_state = jax.jit(lambda p: self.tx.init(jax.tree.map(lambda x: x.astype(jnp.float32), p)))(run.trainable)
+    # Step counters come out on one device: replicate them on the mesh with everything else.
+    replicated = jax.sharding.NamedSharding(run.mesh, jax.sharding.PartitionSpec())
+    self.opt_state = jax.device_put(opt_state, jax.tree.map(
+        lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else replicated, opt_state))
     self.params = run.trainable
     # The frozen reference policy: a copy of the initial parameters, only when the KL term is on.
     self.ref_params = jax.tree.map(jnp.copy, run.trainable) if config.grpo.beta > 0 else None
@@ -97,7 +100,12 @@ class Trainer:
     if key not in self._compiled:
       spec = update_spec(self.run, prompt_len, layout)
       logprob_fn = jax.jit(functools.partial(step_lib.rollout_logprobs, self.run.ar_graphdef, spec=spec))
-      self._compiled[key] = (logprob_fn, step_lib.make_update(self.run.ar_graphdef, spec, self.tx, self.schedule))
+      # The updated params and optimizer state keep the shardings the rules gave them.
+      shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+      update_fn = step_lib.make_update(self.run.ar_graphdef, spec, self.tx, self.schedule,
+                                       param_shardings=shardings(self.params),
+                                       opt_shardings=shardings(self.opt_state))
+      self._compiled[key] = (logprob_fn, update_fn)
     return self._compiled[key]
 
   def step(self) -> dict:

@@ -38,7 +38,6 @@ class Run:
   ar_graphdef: object
   trainable: nnx.State
   frozen: nnx.State
-  trainable_shardings: object
 
   @property
   def group_size(self) -> int:
@@ -163,10 +162,8 @@ def build(config) -> Run:
   ar_graphdef, ar_params = models["ar"]
   model = nnx.merge(ar_graphdef, ar_params)
   graphdef, trainable, frozen = nnx.split(model, TRAINABLE, ...)
-  trainable_shardings = sharding_lib.state_shardings(trainable, mesh)
   pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config), mesh=mesh)
-  return Run(config, mesh, records, eval_records, iterator, composer, pipeline, graphdef, trainable, frozen,
-             trainable_shardings)
+  return Run(config, mesh, records, eval_records, iterator, composer, pipeline, graphdef, trainable, frozen)
 
 
 def num_params(state) -> int:
