@@ -25,36 +25,13 @@ import numpy as np
 from flax import nnx
 
 from checkpoints_convert import hf_to_flax
-from checkpoints_convert import safetensors_stream as st
+from checkpoints_convert.torch_files import read_state_dict
 from checkpoints_convert.maps import lpips as lpips_map
 from checkpoints_convert.rules import KeyMap
 from glmrl.models.vgg import CONVS_PER_BLOCK, VGG16Config, torchvision_conv_indices
 from glmrl.rewards.lpips import CONFIG_NAME, LPIPS, LPIPSConfig
 
-_TORCH_SUFFIXES = (".pth", ".pt", ".bin")
 
-
-def read_state_dict(path: str, keep=lambda key: True) -> dict[str, np.ndarray]:
-  """{key: float32 array} of the tensors of `path` whose key passes `keep`."""
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"no weights file {path}")
-  if path.endswith(".safetensors"):
-    reader = st.SafetensorsReader(path)
-    return {k: reader.read(k).astype(np.float32) for k in reader.keys() if keep(k)}
-  if not path.endswith(_TORCH_SUFFIXES):
-    raise ValueError(f"{path}: expected a .safetensors or torch pickle ({', '.join(_TORCH_SUFFIXES)}) file")
-  try:
-    import torch
-  except ImportError as e:
-    raise ValueError(f"{path}: reading torch pickles needs torch; convert the file to safetensors "
-                     "or install torch") from e
-  try:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as e:  # torch raises several types for corrupt or non-state_dict files
-    raise ValueError(f"{path}: could not be read as a torch state_dict ({type(e).__name__}: {e})") from e
-  if not isinstance(state, dict):
-    raise ValueError(f"{path}: holds a {type(state).__name__}, not a state_dict")
-  return {k: v.detach().float().numpy() for k, v in state.items() if keep(k)}
 
 
 def config_from_vgg(state: dict[str, np.ndarray], where: str) -> LPIPSConfig:

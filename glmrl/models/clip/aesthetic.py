@@ -97,20 +97,6 @@ class AestheticHead(nnx.Module):
     return x[:, 0].astype(jnp.float32)
 
 
-def read_torch_state_dict(path: str) -> dict[str, np.ndarray]:
-  """{key: float32 array} of a torch state_dict file, read with weights_only=True (no code runs)."""
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"no weights file {path}")
-  import torch
-
-  try:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as e:  # torch raises several types for corrupt or non-state_dict files
-    raise ValueError(f"{path}: could not be read as a torch state_dict ({type(e).__name__}: {e})") from e
-  if not isinstance(state, dict):
-    raise ValueError(f"{path}: holds a {type(state).__name__}, not a state_dict")
-  return {k: v.detach().float().numpy() for k, v in state.items()}
-
 
 def config_from_state(state: dict[str, np.ndarray], where: str) -> AestheticConfig:
   """Widths read from the published layout's Linear weights ([out, in])."""
@@ -157,7 +143,9 @@ def convert_head(pth_path: str, out_dir: str) -> dict:
   """Writes `out_dir`/{config.json, params/} from the published weights file; returns a summary."""
   from checkpoints_convert import hf_to_flax
 
-  state = read_torch_state_dict(pth_path)
+  from checkpoints_convert.torch_files import read_state_dict
+
+  state = read_state_dict(pth_path)
   cfg = config_from_state(state, pth_path)
   flat = plan(state, cfg, pth_path)
   params_dir = os.path.join(out_dir, "params")
