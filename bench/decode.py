@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -58,6 +57,7 @@ from checkpoints_convert.maps import vae as vae_map  # noqa: E402
 from glmrl.models.dit import DiTConfig, GlmImageDiT  # noqa: E402
 from glmrl.models.vae import AutoencoderKL, VAEConfig  # noqa: E402
 from glmrl.sampling import decode, scheduler  # noqa: E402
+from bench.timing import interleaved_medians  # noqa: E402
 from tests import torch_port  # noqa: E402
 
 GUIDANCE = 1.5
@@ -71,17 +71,6 @@ def configs(args) -> tuple[DiTConfig, VAEConfig]:
   vae = VAEConfig.full(block_out_channels=(32, 128, 256, 256), latent_channels=dit.in_channels)
   return dit, vae
 
-
-def interleaved_medians(fns, reps: int) -> list[float]:
-  """Median wall time of each function, timed in alternation so that load from other processes
-  on a shared machine falls on all of them alike."""
-  times = [[] for _ in fns]
-  for _ in range(reps):
-    for fn, ts in zip(fns, times):
-      t0 = time.perf_counter()
-      fn()
-      ts.append(time.perf_counter() - t0)
-  return [statistics.median(ts) for ts in times]
 
 
 def main():

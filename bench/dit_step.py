@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -52,21 +51,9 @@ from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache 
 from flax import nnx  # noqa: E402
 
 from glmrl.models.dit import DiTConfig  # noqa: E402
+from bench.timing import interleaved_medians  # noqa: E402
 from tests.models.dit import torch_ref  # noqa: E402
 
-
-def interleaved_medians(fns, reps: int) -> list[float]:
-  """Median wall time of each function, timed in alternation so that load from other
-  processes on a shared machine falls on all of them alike."""
-  for fn in fns:
-    fn()  # warm-up (compilation for ours)
-  times = [[] for _ in fns]
-  for _ in range(reps):
-    for fn, ts in zip(fns, times):
-      t0 = time.perf_counter()
-      fn()
-      ts.append(time.perf_counter() - t0)
-  return [statistics.median(ts) for ts in times]
 
 
 def main():
@@ -122,7 +109,7 @@ def main():
   run_ours()
   compile_s = time.perf_counter() - t0
   diff = float(np.max(np.abs(np.asarray(run_ours()) - run_ref())))
-  ours_s, ref_s = interleaved_medians([run_ours, run_ref], args.reps)
+  ours_s, ref_s = interleaved_medians([run_ours, run_ref], args.reps, warmup=True)
   n_params = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
   print(f"config: {args.layers} layers, {args.heads}x{args.head_dim} heads, {n_params / 1e6:.1f}M params, "
         f"batch {args.batch}, latents {args.latent}x{args.latent} ({(args.latent // 2) ** 2} image tokens), "

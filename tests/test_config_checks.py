@@ -2,7 +2,6 @@ import importlib.util
 import os
 
 import pytest
-from ml_collections import config_dict
 
 from glmrl import config_checks
 from configs import common

@@ -118,22 +118,24 @@ class Trainer:
     rollout, (_, update_fn), images, total, timings, extra, prompts = rollout_lib.collect(
         run, data_batch, key, self.params, self.ref_params, self._fns)
     t1 = time.perf_counter()
-    metrics = {}
-    skipped = not bool(jnp.all(jnp.isfinite(total)))
-    if not skipped:
-      for it in range(cfg.grpo.num_iterations):
-        self.params, self.opt_state, m = update_fn(self.params, run.frozen, self.opt_state, rollout)
-        if it == 0:
-          # On-policy check: the first iteration's ratio is exactly 1.
-          metrics.update({f"first_iter/{k}": m[k] for k in ("ratio/mean", "ratio/min", "ratio/max")})
-        metrics.update(m)
-        skipped = skipped or bool(m["skipped"])
+    # A non-finite reward makes the advantages and loss non-finite, and the update skips itself; the
+    # step reads whether it did only with the logged scalars (no extra host round trip).
+    metrics, skips = {}, []
+    for it in range(cfg.grpo.num_iterations):
+      self.params, self.opt_state, m = update_fn(self.params, run.frozen, self.opt_state, rollout)
+      if it == 0:
+        # On-policy check: the first iteration's ratio is exactly 1.
+        metrics.update({f"first_iter/{k}": m[k] for k in ("ratio/mean", "ratio/min", "ratio/max")})
+      metrics.update(m)
+      skips.append(m["skipped"])
+    metrics["skipped"] = jnp.max(jnp.stack(skips))
+    scalars = jax.device_get({**extra, **metrics})
     t2 = time.perf_counter()
 
+    skipped = scalars["skipped"] > 0
     self.nonfinite_run = self.nonfinite_run + 1 if skipped else 0
     self.nonfinite_total += int(skipped)
     self.step_index += 1
-    scalars = jax.device_get({**extra, **metrics})
     tokens = rollout.old_logp.shape[0] * rollout.old_logp.shape[1]
     scalars.update({
         "time/rollout": timings["rollout"], "time/reward": timings["reward"], "time/update": t2 - t1,

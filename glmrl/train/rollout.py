@@ -32,13 +32,10 @@ def score(host_components, images, metadata, *, composer, group_size, scale, est
   return total, components, advantages, keep_B, jnp.mean(constant_G.astype(jnp.float32))
 
 
-def reward_metadata(batch_metadata: dict, group_size: int) -> dict:
-  """The data batch's numeric metadata repeated to one row per sample (rows of a prompt consecutive)."""
-  out = {}
-  for k, v in batch_metadata.items():
-    if isinstance(v, np.ndarray) and (np.issubdtype(v.dtype, np.number) or v.dtype == np.bool_):
-      out[k] = jnp.asarray(np.repeat(v, group_size, axis=0))
-  return out
+def reward_metadata(host_meta: dict) -> dict:
+  """The numeric arrays of the per-sample metadata, on device for the jitted rewards."""
+  return {k: jnp.asarray(v) for k, v in host_meta.items()
+          if isinstance(v, np.ndarray) and (np.issubdtype(v.dtype, np.number) or v.dtype == np.bool_)}
 
 
 def token_mask(layout, loss_tokens: str) -> jnp.ndarray:
@@ -76,13 +73,14 @@ def collect(run, data_batch, key, trainable, ref_params, fns_for):
   t1 = time.perf_counter()
 
   prompts = [p for p in data_batch.prompts for _ in range(g)]
-  metadata = reward_metadata(data_batch.metadata, g)
+  host_meta = host_metadata(data_batch.metadata, g)
+  metadata = reward_metadata(host_meta)
   # Host-side inputs of model-backed rewards (e.g. cached CLIP text embeddings of the prompts).
-  metadata.update(run.composer.prepare(prompts, host_metadata(data_batch.metadata, g)))
+  metadata.update(run.composer.prepare(prompts, host_meta))
   host_components = {}
   if any(not e["reward"].pure_jax for e in run.composer.entries):
-    host_components = {k: jnp.asarray(v) for k, v in run.composer.host_scores(
-        np.asarray(images), prompts, host_metadata(data_batch.metadata, g)).items()}
+    host_components = {k: jnp.asarray(v) for k, v in
+                       run.composer.host_scores(np.asarray(images), prompts, host_meta).items()}
   total, components, advantages, keep_B, zero_var = score(
       host_components, images, metadata, composer=run.composer, group_size=g, scale=cfg.grpo.scale,
       estimator=cfg.grpo.estimator, drop_constant=cfg.grpo.drop_zero_variance_groups)

@@ -6,7 +6,6 @@ Round trip: same keys, dtypes, shapes and bytes. Exported folders load with the 
 """
 
 import filecmp
-import json
 import os
 import types
 

@@ -5,8 +5,6 @@ Timesteps and sigmas are compared with np.array_equal (both float32); the Euler 
 
 import glmrl  # noqa: F401  (first: disables flax eager sharding)
 
-import json
-import pathlib
 
 import jax
 import jax.numpy as jnp

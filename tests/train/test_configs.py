@@ -2,12 +2,10 @@
 
 import glmrl  # noqa: F401
 
-import dataclasses
 import importlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax import nnx
 

@@ -5,7 +5,6 @@ Tolerance: 1e-4 relative on the step metrics and parameter sums, 1e-5 absolute o
 """
 
 import json
-import os
 import subprocess
 import sys
 
