@@ -1,10 +1,19 @@
-"""glmrl entry point.
+"""glmrl: GRPO post-training of GLM-Image.
 
 python main.py --config=configs/<name>.py[:arg] --config.section.key=value --workdir=DIR --mode=train|generate|eval
+
+Every config key is listed and commented in configs/common.py. Modes write into --workdir:
+  train     checkpoints/<step>/, metrics.jsonl, TensorBoard events, samples/ (resumes from the latest step)
+  generate  generate/: one PNG per sample, grid.png, tokens.npz (latest checkpoint, else the initial model)
+  eval      eval/ rewards in metrics.jsonl and samples/ for config.eval.prompts_file (latest checkpoint)
+Bad input ends with one line naming the value and exit status 2; a run stopped by SIGTERM or Ctrl-C
+saves a checkpoint first and exits 143 or 130.
 """
 
 import importlib
 import os
+import signal
+import sys
 
 from absl import app
 from absl import flags
@@ -12,12 +21,14 @@ from ml_collections import config_flags
 
 import glmrl  # noqa: F401  (library-wide settings)
 from glmrl import config_checks
+from glmrl.errors import UserError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "demo.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file, path[:arg].",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", _DEFAULT_CONFIG, "Experiment config file, path[:arg]; override keys with --config.section.key=value "
+    "(all keys: configs/common.py).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and samples.", required=True)
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "generate", "eval"], "What to run.")
+_MODE = flags.DEFINE_enum("mode", "train", config_checks.MODES, "What to run (see the top of this help).")
 
 # mode -> "module:function(config, workdir)"; imported only when chosen.
 _MODES = {
@@ -34,17 +45,29 @@ def _parse_flags(argv):
   except (AttributeError, KeyError) as e:
     missing = str(e).split("'")[1] if "'" in str(e) else str(e)
     bad = [a for a in argv if a.startswith("--config.") and f".{missing}" in a.split("=")[0]]
-    raise SystemExit(f"unknown config key {missing!r} in {' '.join(bad) or argv}: "
-                     "the config file defines no such key") from None
+    _fail(f"unknown config key {missing!r} in {' '.join(bad) or argv}: the config file defines no such key "
+          "(all keys: configs/common.py)")
+  except flags.Error as e:
+    _fail(str(e))
+
+
+def _fail(message: str):
+  print(f"error: {message}", file=sys.stderr)
+  raise SystemExit(2)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = _CONFIG.value
-  config_checks.validate(config)
   module_name, fn_name = _MODES[_MODE.value].split(":")
-  getattr(importlib.import_module(module_name), fn_name)(config, _WORKDIR.value)
+  try:
+    config_checks.validate(_CONFIG.value, _MODE.value)
+    result = getattr(importlib.import_module(module_name), fn_name)(_CONFIG.value, _WORKDIR.value)
+  except UserError as e:
+    _fail(str(e))
+  stopped_by = (result or {}).get("stopped_by")
+  if stopped_by:  # a scheduler tells a preemption from completion by the status
+    raise SystemExit(128 + signal.Signals[stopped_by].value)
 
 
 if __name__ == "__main__":

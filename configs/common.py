@@ -16,7 +16,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.remat = False  # Rematerialise each AR decoder layer in the backward pass (saves activation memory).
 
   c.data = ml_collections.ConfigDict()
-  c.data.prompts_file = config_dict.required_placeholder(str)  # .txt (one prompt per line) or .jsonl; required.
+  c.data.prompts_file = config_dict.placeholder(str)  # .txt (one prompt per line) or .jsonl; required.
   c.data.mode = "t2i"  # "t2i" (text-to-image) or "i2i" (image-to-image: records carry source_images).
   c.data.height = 1024  # Target image height in pixels (multiple of 32).
   c.data.width = 1024  # Target image width in pixels (multiple of 32).

@@ -1,73 +1,200 @@
 """Validation of an experiment config before any work starts.
 
-Unknown keys and wrongly typed overrides are rejected by ml_collections while
-flags are parsed (the config is locked); this module checks required values and
-value ranges, naming the offending key.
+Unknown keys and wrongly typed overrides are rejected by ml_collections while flags are parsed
+(the config is locked). This module checks the rest: every field of `configs/common.py` has a
+rule in `RULES` (type, range or choices), required values (`None` placeholders) are named, and
+a few rules that span fields are checked last. Each message names the full key, e.g.
+`config.optim.learning_rate=-0.001: must be > 0`.
 """
 
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Callable
+
 import ml_collections
-from ml_collections import config_dict
+
+from glmrl.errors import UserError
 
 DTYPES = ("float32", "bfloat16")
+MODES = ("train", "generate", "eval")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
   """A config value is missing or out of range; the message names the key."""
 
 
-def _walk(cfg, prefix="config"):
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """What one field accepts: a type, then an optional predicate described by `why`."""
+  kind: type | tuple[type, ...]
+  ok: Callable[[Any], bool] = lambda v: True
+  why: str = ""
+
+  def check(self, key: str, value: Any) -> None:
+    if value is None:
+      raise ConfigError(f"{key} is required but has no value (pass --{key}=...)")
+    numeric = self.kind in (int, float, (int, float))
+    if isinstance(value, bool) and self.kind is not bool or not isinstance(value, self.kind):
+      raise ConfigError(f"{key}={value!r}: must be {_type_name(self.kind)}, not {type(value).__name__}")
+    if numeric and not math.isfinite(value):
+      raise ConfigError(f"{key}={value!r}: must be finite")
+    if not self.ok(value):
+      raise ConfigError(f"{key}={value!r}: {self.why}")
+
+
+def _type_name(kind) -> str:
+  kinds = kind if isinstance(kind, tuple) else (kind,)
+  return " or ".join({int: "an integer", float: "a number", bool: "True or False", str: "a string"}.get(k, k.__name__)
+                     for k in kinds)
+
+
+def choice(*options) -> Rule:
+  return Rule(str, lambda v: v in options, f"must be one of {list(options)}")
+
+
+def integer(low: int, high: int | None = None, why: str = "") -> Rule:
+  if high is None:
+    return Rule(int, lambda v: v >= low, why or f"must be >= {low}")
+  return Rule(int, lambda v: low <= v <= high, why or f"must be in [{low}, {high}]")
+
+
+def number(ok: Callable[[float], bool], why: str) -> Rule:
+  return Rule((int, float), ok, why)
+
+
+BOOL = Rule(bool)
+STRING = Rule(str)
+POSITIVE = number(lambda v: v > 0, "must be > 0")
+NON_NEGATIVE = number(lambda v: v >= 0, "must be >= 0")
+UNIT_OPEN = number(lambda v: 0 <= v < 1, "must be in [0, 1)")
+MESH_AXIS = Rule(int, lambda v: v == -1 or v >= 1, "must be -1 (the remaining devices) or >= 1")
+PIXELS = Rule(int, lambda v: v > 0 and v % 32 == 0, "must be a positive multiple of 32 (one AR token per 32 px)")
+
+# One rule per field of configs/common.py (a test keeps the two in step).
+RULES: dict[str, Rule] = {
+    "seed": integer(0),
+    "model.checkpoint_dir": STRING,
+    "model.preset": choice("tiny", "full"),
+    "model.param_dtype": choice(*DTYPES),
+    "model.compute_dtype": choice(*DTYPES),
+    "model.remat": BOOL,
+    "data.prompts_file": Rule(str, bool, "must name a .txt or .jsonl prompts file"),
+    "data.mode": choice("t2i", "i2i"),
+    "data.height": PIXELS,
+    "data.width": PIXELS,
+    "data.max_prompt_tokens": integer(1),
+    "data.max_glyph_tokens": integer(1),
+    "data.prompts_per_step": integer(1),
+    "sampling.temperature": POSITIVE,
+    "sampling.top_p": number(lambda v: 0 < v <= 1, "must be in (0, 1] (1 disables nucleus sampling)"),
+    "sampling.top_k": integer(0, why="must be >= 0 (0 disables top-k)"),
+    "sampling.constrain_to_codebook": BOOL,
+    "sampling.dit_steps": integer(1),
+    "sampling.guidance_scale": NON_NEGATIVE,
+    "sampling.share_noise_in_group": BOOL,
+    "grpo.group_size": integer(2, why="must be at least 2 (advantages are relative to the group)"),
+    "grpo.num_iterations": integer(1),
+    "grpo.epsilon_low": UNIT_OPEN,
+    "grpo.epsilon_high": NON_NEGATIVE,
+    "grpo.beta": NON_NEGATIVE,
+    "grpo.kl": choice("k1", "k2", "k3"),
+    "grpo.aggregation": choice("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"),
+    "grpo.scale": choice("group", "batch", "none"),
+    "grpo.estimator": choice("grpo", "rloo"),
+    "grpo.drop_zero_variance_groups": BOOL,
+    "grpo.loss_tokens": choice("all", "target"),
+    "optim.learning_rate": POSITIVE,
+    "optim.warmup_steps": integer(0),
+    "optim.weight_decay": NON_NEGATIVE,
+    "optim.b1": UNIT_OPEN,
+    "optim.b2": UNIT_OPEN,
+    "optim.max_grad_norm": POSITIVE,
+    "train.num_steps": integer(1),
+    "train.micro_batch_size": integer(0, why="must be >= 0 (0 uses the whole batch at once)"),
+    "train.max_consecutive_nonfinite": integer(1),
+    "normalize_rewards_per_group": BOOL,
+    "mesh.data": MESH_AXIS,
+    "mesh.fsdp": MESH_AXIS,
+    "mesh.tensor": MESH_AXIS,
+    "checkpoint.save_interval": integer(1),
+    "checkpoint.max_to_keep": integer(1),
+    "log.image_interval": integer(0, why="must be >= 0 (0 disables sample grids)"),
+    "eval.interval": integer(0, why="must be >= 0 (0 disables periodic evaluation)"),
+    "eval.prompts_file": STRING,
+    "eval.seed": integer(0),
+}
+REWARD_KEYS = ("name", "weight", "normalize", "kwargs")
+
+
+def leaves(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
+  """{'section.key': value} of every field but the reward list (placeholders read as None)."""
+  out = {}
   for key in cfg.keys():
-    name = f"{prefix}.{key}"
-    try:
-      value = cfg[key]
-    except config_dict.RequiredValueError:
-      raise ConfigError(f"{name} is required but has no value (pass --{name}=...)") from None
+    value = cfg[key]
+    if key == "rewards" and not prefix:
+      continue
     if isinstance(value, ml_collections.ConfigDict):
-      yield from _walk(value, name)
+      out.update(leaves(value, f"{prefix}{key}."))
     else:
-      yield name, value
+      out[f"{prefix}{key}"] = value
+  return out
 
 
-def _check(ok, key, value, why):
+def _check(ok: bool, key: str, value, why: str) -> None:
   if not ok:
     raise ConfigError(f"{key}={value!r}: {why}")
 
 
-def validate(cfg: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError naming the first missing or invalid value."""
-  values = dict(_walk(cfg))
-  for key in ("config.data.height", "config.data.width"):
-    _check(values[key] > 0 and values[key] % 32 == 0, key, values[key], "must be a positive multiple of 32")
-  _check(values["config.data.mode"] in ("t2i", "i2i"), "config.data.mode", values["config.data.mode"],
-         "must be 't2i' or 'i2i'")
-  _check(values["config.grpo.group_size"] >= 2, "config.grpo.group_size", values["config.grpo.group_size"],
-         "must be at least 2 (advantages are relative to the group)")
-  for key in ("config.data.prompts_per_step", "config.grpo.num_iterations", "config.train.num_steps",
-              "config.sampling.dit_steps", "config.checkpoint.save_interval", "config.checkpoint.max_to_keep",
-              "config.train.max_consecutive_nonfinite"):
-    _check(values[key] >= 1, key, values[key], "must be >= 1")
-  for key in ("config.model.param_dtype", "config.model.compute_dtype"):
-    _check(values[key] in DTYPES, key, values[key], f"must be one of {DTYPES}")
-  _check(values["config.grpo.loss_tokens"] in ("all", "target"), "config.grpo.loss_tokens",
-         values["config.grpo.loss_tokens"], "must be 'all' or 'target'")
-  _check(values["config.model.preset"] in ("tiny", "full"), "config.model.preset", values["config.model.preset"],
-         "must be 'tiny' or 'full'")
-  _check(values["config.sampling.temperature"] > 0, "config.sampling.temperature",
-         values["config.sampling.temperature"], "must be > 0")
-  _check(0 < values["config.sampling.top_p"] <= 1, "config.sampling.top_p", values["config.sampling.top_p"],
-         "must be in (0, 1]")
-  _check(values["config.sampling.top_k"] >= 0, "config.sampling.top_k", values["config.sampling.top_k"],
-         "must be >= 0 (0 disables)")
-  for key in ("config.grpo.epsilon_low", "config.grpo.epsilon_high", "config.grpo.beta",
-              "config.train.micro_batch_size", "config.eval.interval", "config.log.image_interval"):
-    _check(values[key] >= 0, key, values[key], "must be >= 0")
-  _check(values["config.grpo.epsilon_low"] < 1, "config.grpo.epsilon_low", values["config.grpo.epsilon_low"],
-         "must be < 1")
-  for axis in ("data", "fsdp", "tensor"):
-    key = f"config.mesh.{axis}"
-    _check(values[key] == -1 or values[key] >= 1, key, values[key], "must be -1 (the rest) or >= 1")
-  mesh = {a: values[f"config.mesh.{a}"] for a in ("data", "fsdp", "tensor")}
+def _check_rewards(rewards) -> None:
+  from glmrl import rewards as rewards_lib  # registers the built-in rewards
+
+  _check(isinstance(rewards, (list, tuple)) and len(rewards) > 0, "config.rewards", rewards,
+         "must be a non-empty list of {'name': ..., 'weight': ...} entries")
+  for i, entry in enumerate(rewards):
+    key = f"config.rewards[{i}]"
+    entry = entry.to_dict() if hasattr(entry, "to_dict") else entry
+    _check(isinstance(entry, dict), key, entry, "must be a mapping with a name and a weight")
+    unknown = sorted(set(entry) - set(REWARD_KEYS))
+    _check(not unknown, key, entry, f"unknown key(s) {unknown}; allowed: {list(REWARD_KEYS)}")
+    _check("name" in entry and "weight" in entry, key, entry, "each reward needs a name and a weight")
+    _check(entry["name"] in rewards_lib.names(), f"{key}.name", entry["name"],
+           f"no such reward; registered: {rewards_lib.names()}")
+    weight = entry["weight"]
+    _check(not isinstance(weight, bool) and isinstance(weight, (int, float)) and math.isfinite(weight),
+           f"{key}.weight", weight, "must be a finite number")
+    _check(isinstance(entry.get("normalize", False), bool), f"{key}.normalize", entry.get("normalize"),
+           "must be True or False")
+    _check(isinstance(entry.get("kwargs") or {}, dict), f"{key}.kwargs", entry.get("kwargs"), "must be a mapping")
+
+
+def _check_file(key: str, path: str) -> None:
+  _check(os.path.isfile(path), key, path, "no such file")
+
+
+def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
+  """Raises ConfigError naming the first missing or invalid value (`mode`: what main.py will run)."""
+  values = leaves(cfg)
+  unchecked = sorted(set(values) - set(RULES))
+  if unchecked:
+    raise ConfigError(f"config.{unchecked[0]} has no validation rule in glmrl/config_checks.py (RULES)")
+  for key, rule in RULES.items():
+    if key in values:
+      rule.check(f"config.{key}", values[key])
+  _check(mode in MODES, "--mode", mode, f"must be one of {list(MODES)}")
+  _check_rewards(cfg.get("rewards"))
+
+  mesh = {a: values[f"mesh.{a}"] for a in ("data", "fsdp", "tensor")}
   _check(list(mesh.values()).count(-1) <= 1, "config.mesh", mesh, "at most one axis may be -1")
-  for i, reward in enumerate(cfg.rewards):
-    _check("name" in reward and "weight" in reward, f"config.rewards[{i}]", dict(reward),
-           "each reward needs a name and a weight")
+  ckpt = values["model.checkpoint_dir"]
+  _check(not ckpt or os.path.isdir(ckpt), "config.model.checkpoint_dir", ckpt,
+         "no such directory (convert the HF folder first: python -m checkpoints_convert --hf_dir=... --out_dir=...)")
+  _check_file("config.data.prompts_file", values["data.prompts_file"])
+  if mode == "eval" or values["eval.interval"]:
+    why = ("--mode=eval" if mode == "eval" else f"config.eval.interval={values['eval.interval']}")
+    _check(bool(values["eval.prompts_file"]), "config.eval.prompts_file", values["eval.prompts_file"],
+           f"{why} needs held-out prompts: pass --config.eval.prompts_file=...")
+  if values["eval.prompts_file"] and (mode == "eval" or values["eval.interval"]):
+    _check_file("config.eval.prompts_file", values["eval.prompts_file"])

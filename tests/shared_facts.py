@@ -1,9 +1,9 @@
-"""The released checkpoint's configuration facts, in `shared/glm_image/` beside the repository."""
+"""The released checkpoint's configuration facts, copied into `tests/fixtures/released/`."""
 
 import json
 import pathlib
 
-GLM_IMAGE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "glm_image"
+GLM_IMAGE = pathlib.Path(__file__).resolve().parent / "fixtures" / "released"
 
 
 def read_json(name: str) -> dict:

@@ -37,7 +37,7 @@ def test_every_config_field_is_commented():
 @pytest.mark.parametrize("key,value,message", [
     ("mesh.data", -1, "at most one axis may be -1"),
     ("sampling.top_p", 0.0, "config.sampling.top_p=0.0"),
-    ("grpo.epsilon_low", 1.0, "config.grpo.epsilon_low=1.0: must be < 1"),
+    ("grpo.epsilon_low", 1.0, r"config.grpo.epsilon_low=1.0: must be in \[0, 1\)"),
     ("data.mode", "video", "config.data.mode='video'"),
 ])
 def test_range_errors(key, value, message):
@@ -46,3 +46,66 @@ def test_range_errors(key, value, message):
   cfg[section][field] = value
   with pytest.raises(config_checks.ConfigError, match=message):
     config_checks.validate(cfg)
+
+
+def test_every_field_has_a_rule():
+  fields = set(config_checks.leaves(common.base_config()))
+  assert fields == set(config_checks.RULES), (sorted(fields - set(config_checks.RULES)),
+                                              sorted(set(config_checks.RULES) - fields))
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("optim.learning_rate", -1e-3, "config.optim.learning_rate=-0.001: must be > 0"),
+    ("optim.warmup_steps", -5, "config.optim.warmup_steps=-5: must be >= 0"),
+    ("optim.b2", 1.0, "config.optim.b2=1.0: must be in [0, 1)"),
+    ("grpo.kl", "k7", "config.grpo.kl='k7': must be one of ['k1', 'k2', 'k3']"),
+    ("grpo.scale", "median", "config.grpo.scale='median': must be one of"),
+    ("grpo.estimator", "ppo", "config.grpo.estimator='ppo': must be one of"),
+    ("grpo.aggregation", "sum", "config.grpo.aggregation='sum': must be one of"),
+    ("grpo.beta", float("nan"), "config.grpo.beta=nan: must be finite"),
+    ("sampling.guidance_scale", -1.0, "config.sampling.guidance_scale=-1.0: must be >= 0"),
+    ("seed", -1, "config.seed=-1: must be >= 0"),
+    ("data.prompts_file", "", "config.data.prompts_file='': must name a .txt or .jsonl prompts file"),
+    ("data.prompts_file", "/no/such/prompts.txt", "config.data.prompts_file='/no/such/prompts.txt': no such file"),
+    ("model.checkpoint_dir", "/no/such/dir", "config.model.checkpoint_dir='/no/such/dir': no such directory"),
+])
+def test_every_kind_of_bad_value_names_the_key(key, value, message):
+  cfg = load_config("demo")
+  section, _, field = key.rpartition(".")
+  (cfg[section] if section else cfg)[field] = value
+  with pytest.raises(config_checks.ConfigError) as e:
+    config_checks.validate(cfg)
+  assert message in str(e.value)
+
+
+def test_rewards_are_checked_before_any_model_is_built():
+  cfg = load_config("demo")
+  cfg.rewards = [{"name": "brightnes", "weight": 1.0}]
+  with pytest.raises(config_checks.ConfigError, match=r"config.rewards\[0\].name='brightnes': no such reward"):
+    config_checks.validate(cfg)
+  cfg.rewards = [{"name": "brightness", "weight": "1"}]
+  with pytest.raises(config_checks.ConfigError, match=r"config.rewards\[0\].weight='1': must be a finite number"):
+    config_checks.validate(cfg)
+  cfg.rewards = [{"name": "brightness", "weight": 1.0, "kwarg": {}}]
+  with pytest.raises(config_checks.ConfigError, match=r"unknown key\(s\) \['kwarg'\]"):
+    config_checks.validate(cfg)
+
+
+def test_eval_needs_held_out_prompts():
+  cfg = load_config("demo")
+  with pytest.raises(config_checks.ConfigError, match="--mode=eval needs held-out prompts"):
+    config_checks.validate(cfg, mode="eval")
+  cfg.eval.interval = 5
+  with pytest.raises(config_checks.ConfigError, match="config.eval.interval=5 needs held-out prompts"):
+    config_checks.validate(cfg)
+  cfg.eval.prompts_file = cfg.data.prompts_file
+  config_checks.validate(cfg, mode="eval")
+
+
+def test_type_rules_back_up_ml_collections():
+  # Locked configs already refuse a wrong type; a config file building its own ConfigDict is caught here.
+  with pytest.raises(config_checks.ConfigError, match="config.model.remat=1: must be True or False, not int"):
+    config_checks.RULES["model.remat"].check("config.model.remat", 1)
+  with pytest.raises(config_checks.ConfigError, match="config.seed=True: must be an integer, not bool"):
+    config_checks.RULES["seed"].check("config.seed", True)
+  config_checks.RULES["optim.learning_rate"].check("config.optim.learning_rate", 1)  # ints are numbers

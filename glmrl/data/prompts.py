@@ -4,7 +4,7 @@ A `.jsonl` line is an object with `prompt` (required, non-empty string) and the
 optional fields `target_image` (path), `source_images` (list of paths) and
 `metadata` (object handed to the rewards). Relative paths resolve against the
 prompt file's directory. Blank lines are skipped in both formats. Every problem
-raises a ValueError naming the file and the 1-based line, before any training.
+raises a PromptFileError (a ValueError) naming the file and the 1-based line, before any training.
 """
 
 import dataclasses
@@ -15,9 +15,15 @@ from typing import Any, Mapping
 import numpy as np
 from PIL import Image
 
+from glmrl.errors import UserError
+
 FIELDS = ("prompt", "target_image", "source_images", "metadata")
 # Keys the batched metadata already uses for the loaded images.
 RESERVED_METADATA_KEYS = ("target_image", "source_images")
+
+
+class PromptFileError(UserError):
+  """A prompt file (or an image it names) is unreadable or malformed; the message names file:line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +58,12 @@ def load_prompts(path: str | os.PathLike) -> list[PromptRecord]:
   path = os.fspath(path)
   ext = os.path.splitext(path)[1].lower()
   if ext not in (".txt", ".jsonl"):
-    raise ValueError(f"{path}: unsupported prompt file extension {ext!r} (expected .txt or .jsonl)")
+    raise PromptFileError(f"{path}: unsupported prompt file extension {ext!r} (expected .txt or .jsonl)")
   try:
     with open(path, "rb") as f:
       raw_lines = f.read().splitlines()
   except OSError as e:
-    raise ValueError(f"{path}: cannot read prompt file: {e}") from e
+    raise PromptFileError(f"{path}: cannot read prompt file: {e}") from e
 
   base_dir = os.path.dirname(os.path.abspath(path))
   records = []
@@ -66,7 +72,7 @@ def load_prompts(path: str | os.PathLike) -> list[PromptRecord]:
     try:
       text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-      raise ValueError(f"{where}: not valid UTF-8: {e}") from e
+      raise PromptFileError(f"{where}: not valid UTF-8: {e}") from e
     if lineno == 1:
       text = text.removeprefix("\ufeff")
     if not text.strip():
@@ -76,7 +82,7 @@ def load_prompts(path: str | os.PathLike) -> list[PromptRecord]:
     else:
       records.append(_parse_json_line(text, where, lineno, base_dir))
   if not records:
-    raise ValueError(f"{path}: prompt file is empty (no non-blank lines)")
+    raise PromptFileError(f"{path}: prompt file is empty (no non-blank lines)")
   _check_consistent_targets(path, records)
   return records
 
@@ -85,41 +91,41 @@ def _parse_json_line(text: str, where: str, lineno: int, base_dir: str) -> Promp
   try:
     obj = json.loads(text)
   except json.JSONDecodeError as e:
-    raise ValueError(f"{where}: bad JSON: {e}") from e
+    raise PromptFileError(f"{where}: bad JSON: {e}") from e
   if not isinstance(obj, dict):
-    raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    raise PromptFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
   unknown = sorted(set(obj) - set(FIELDS))
   if unknown:
-    raise ValueError(f"{where}: unknown field(s) {unknown}; allowed fields are {list(FIELDS)}")
+    raise PromptFileError(f"{where}: unknown field(s) {unknown}; allowed fields are {list(FIELDS)}")
   if "prompt" not in obj:
-    raise ValueError(f"{where}: missing required field 'prompt'")
+    raise PromptFileError(f"{where}: missing required field 'prompt'")
   prompt = obj["prompt"]
   if not isinstance(prompt, str):
-    raise ValueError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
+    raise PromptFileError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
   if not prompt.strip():
-    raise ValueError(f"{where}: 'prompt' is empty")
+    raise PromptFileError(f"{where}: 'prompt' is empty")
 
   target = obj.get("target_image")
   if target is not None:
     if not isinstance(target, str):
-      raise ValueError(f"{where}: 'target_image' must be a string path, got {type(target).__name__}")
+      raise PromptFileError(f"{where}: 'target_image' must be a string path, got {type(target).__name__}")
     target = _checked_image_path(target, base_dir, where, "target_image")
 
   sources = obj.get("source_images", [])
   if not isinstance(sources, list):
-    raise ValueError(f"{where}: 'source_images' must be a list of string paths, got {type(sources).__name__}")
+    raise PromptFileError(f"{where}: 'source_images' must be a list of string paths, got {type(sources).__name__}")
   checked_sources = []
   for i, src in enumerate(sources):
     if not isinstance(src, str):
-      raise ValueError(f"{where}: 'source_images'[{i}] must be a string path, got {type(src).__name__}")
+      raise PromptFileError(f"{where}: 'source_images'[{i}] must be a string path, got {type(src).__name__}")
     checked_sources.append(_checked_image_path(src, base_dir, where, f"source_images[{i}]"))
 
   metadata = obj.get("metadata", {})
   if not isinstance(metadata, dict):
-    raise ValueError(f"{where}: 'metadata' must be a JSON object, got {type(metadata).__name__}")
+    raise PromptFileError(f"{where}: 'metadata' must be a JSON object, got {type(metadata).__name__}")
   reserved = sorted(set(metadata) & set(RESERVED_METADATA_KEYS))
   if reserved:
-    raise ValueError(f"{where}: metadata key(s) {reserved} are reserved for the loaded images")
+    raise PromptFileError(f"{where}: metadata key(s) {reserved} are reserved for the loaded images")
 
   return PromptRecord(prompt=prompt.strip(), line=lineno, target_image=target,
                       source_images=tuple(checked_sources), metadata=metadata)
@@ -128,12 +134,12 @@ def _parse_json_line(text: str, where: str, lineno: int, base_dir: str) -> Promp
 def _checked_image_path(rel: str, base_dir: str, where: str, field: str) -> str:
   full = os.path.normpath(os.path.join(base_dir, os.path.expanduser(rel)))
   if not os.path.isfile(full):
-    raise ValueError(f"{where}: {field} {rel!r} not found (resolved to {full})")
+    raise PromptFileError(f"{where}: {field} {rel!r} not found (resolved to {full})")
   try:
     with Image.open(full) as im:
       im.verify()
   except Exception as e:  # PIL raises many exception types for corrupt files.
-    raise ValueError(f"{where}: {field} {rel!r} is not a readable image ({full}): {e}") from e
+    raise PromptFileError(f"{where}: {field} {rel!r} is not a readable image ({full}): {e}") from e
   return full
 
 
@@ -142,5 +148,5 @@ def _check_consistent_targets(path: str, records: list[PromptRecord]) -> None:
   with_target = [r.target_image is not None for r in records]
   if any(with_target) and not all(with_target):
     first_missing = records[with_target.index(False)].line
-    raise ValueError(f"{path}:{first_missing}: 'target_image' is missing here but given on other lines; "
+    raise PromptFileError(f"{path}:{first_missing}: 'target_image' is missing here but given on other lines; "
                      "give it on every line or on none")

@@ -70,8 +70,30 @@ class MetricsWriter:
       for key, value in values.items():
         if math.isfinite(value):
           self._tb.add_scalar(key, value, step)
-    logging.info("step %d | %s", step, " | ".join(f"{k} {v:.4g}" for k, v in sorted(values.items())))
+    # The console shows a short progress line (glmrl.logging.progress); every value is here at debug level.
+    logging.debug("step %d | %s", step, " | ".join(f"{k} {v:.4g}" for k, v in sorted(values.items())))
     return row
+
+  def drop_rows_after(self, step: int) -> int:
+    """Removes the rows of steps after `step` (a resumed run redoes them); returns how many.
+
+    The file is rewritten to a temporary name and renamed over the old one, so an interruption
+    leaves either the old or the new file.
+    """
+    step = _check_step(step)
+    self._jsonl.flush()
+    with open(self.metrics_path, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+    keep = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    dropped = len([line for line in lines if line.strip()]) - len(keep)
+    if dropped:
+      self._jsonl.close()
+      tmp = self.metrics_path + ".tmp"
+      with open(tmp, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in keep))
+      os.replace(tmp, self.metrics_path)
+      self._jsonl = open(self.metrics_path, "a", encoding="utf-8")
+    return dropped
 
   def write_images(self, step: int, images_uint8, captions: Sequence[str] | None = None, *,
                    tag: str = "samples", ncols: int | None = None) -> str:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from glmrl import sharding as sharding_lib
+from glmrl.errors import UserError
 from glmrl.models.ar.config import ARConfig
 from glmrl.models.ar.image_processing import ImageProcessorConfig
 from glmrl.models.ar.model import GlmImageAR
@@ -86,12 +87,16 @@ def preset_configs(name: str) -> GlmImageConfigs:
   return GlmImageConfigs(ar, dit, vae, glyph, SchedulerConfig.full(), image_cfg)
 
 
+class CheckpointFolderError(UserError, FileNotFoundError):
+  """`model.checkpoint_dir` is not a converted GLM-Image folder (a file is missing)."""
+
+
 def checkpoint_configs(checkpoint_dir: str) -> GlmImageConfigs:
   """Configs of a converted GLM-Image folder (each component's config.json)."""
   def read(*parts):
     path = os.path.join(checkpoint_dir, *parts)
     if not os.path.isfile(path):
-      raise FileNotFoundError(f"{path} not found: is {checkpoint_dir} a converted GLM-Image folder "
+      raise CheckpointFolderError(f"{path} not found: is {checkpoint_dir} a converted GLM-Image folder "
                               "(python -m checkpoints_convert --hf_dir=... --out_dir=...)?")
     with open(path) as f:
       return json.load(f)

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from flax import nnx
 from PIL import Image
 
 from glmrl.data import PromptIterator
@@ -59,7 +60,7 @@ def sample_records(run, records, ar_params=None) -> dict:
   per_batch = cfg.data.prompts_per_step
   loader = PromptIterator(records, prompts_per_step=per_batch, seed=cfg.eval.seed, height=cfg.data.height,
                           width=cfg.data.width)
-  params = None if ar_params is None else (ar_params,)
+  params = (run.trainable, run.frozen) if ar_params is None else (ar_params,)
   parts = {"images": [], "target": [], "tokens": [], "logprobs": []}
   for start in range(0, len(records), per_batch):
     indices = list(range(start, min(start + per_batch, len(records))))
@@ -105,7 +106,7 @@ def generate(config, workdir: str) -> dict:
   and the restored checkpoint step (None when there was no checkpoint)."""
   run = setup_lib.build(config)
   records = run.eval_records or run.records
-  ar_params, step = restore_ar_params(workdir, run.pipeline.models["ar"][1])
+  ar_params, step = restore_ar_params(workdir, nnx.merge_state(run.trainable, run.frozen))
   if step is None:
     logging.info("no checkpoint in %s: generating with the initial AR model", os.path.join(workdir, "checkpoints"))
   else:

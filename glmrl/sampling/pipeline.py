@@ -19,6 +19,7 @@ from flax import nnx
 from PIL import Image
 
 from glmrl import sharding as sharding_lib
+from glmrl.errors import UserError
 from glmrl.models.ar import image_processing
 from glmrl.models.ar import positions as positions_lib
 from glmrl.models.ar.model import merge_image_tokens
@@ -144,11 +145,12 @@ class GlmImagePipeline:
     self._neg_glyph = None
 
   # ---------------------------------------------------------------- host side
-  def prepare(self, prompts, source_images=None) -> Prepared:
+  def prepare(self, prompts, source_images=None, ar_params=None) -> Prepared:
     """Tokenizes prompts, merges condition-image tokens, computes positions and glyph tokens.
 
     `source_images[i]`: the condition images of prompt i (image-to-image), each uint8 [H, W, 3]
     RGB (or a PIL RGB image) of the run's size; every prompt has the same number of them.
+    `ar_params`: the AR states whose vision encoder and VQ tokenize them (see `ar_model`).
     """
     spec, ar_cfg = self.spec, self.configs.ar
     prompts = check_prompts(prompts)
@@ -163,11 +165,11 @@ class GlmImagePipeline:
     input_ids = np.asarray(batch.input_ids)
     if input_ids.shape[1] > spec.prompt_pad:
       lengths = batch.valid.sum(axis=1).tolist()
-      raise ValueError(f"prompts of {lengths} tokens exceed the fixed prompt length {spec.prompt_pad} "
+      raise UserError(f"prompts of {lengths} tokens exceed the fixed prompt length {spec.prompt_pad} "
                        "(config.data.max_prompt_tokens)")
     source_ids = None
     if batch.pixel_values is not None:
-      ar = self.ar_model()
+      ar = self.ar_model(ar_params)
       image_ids = np.asarray(ar.image_tokens(batch.pixel_values, batch.source_grid_thw))
       input_ids = merge_image_tokens(input_ids, image_ids, ar_cfg.image_token_id)
       source_ids = image_ids.reshape(*sources.shape[:2], spec.height // 32, spec.width // 32)
@@ -203,10 +205,17 @@ class GlmImagePipeline:
 
   # ---------------------------------------------------------------- device side
   def ar_model(self, ar_params=None):
+    """The AR model on `ar_params` (a tuple of states, e.g. (trainable, frozen)), else on the pipeline's own.
+
+    A training run builds its pipeline without AR parameters (`models["ar"] = (graphdef, None)`): the
+    Trainer owns them and the update donates them, so every call passes the current ones.
+    """
     graphdef, params = self.models["ar"]
-    if ar_params is None:
-      return nnx.merge(graphdef, params)
-    return nnx.merge(graphdef, *ar_params)
+    if ar_params is not None:
+      return nnx.merge(graphdef, *ar_params)
+    if params is None:
+      raise ValueError("this pipeline holds no AR parameters (a training run owns them): pass ar_params")
+    return nnx.merge(graphdef, params)
 
   def shard_batch(self, x, batch_axis: int = 0):
     """Places a [.., B, ..] array with its batch axis split over the mesh's data x fsdp axes."""
@@ -273,7 +282,7 @@ class GlmImagePipeline:
     if isinstance(samples_per_prompt, bool) or not isinstance(samples_per_prompt, (int, np.integer)) \
         or samples_per_prompt < 1:
       raise ValueError(f"samples_per_prompt={samples_per_prompt!r} must be a positive integer")
-    prepared = self.prepare(prompts, source_images)
+    prepared = self.prepare(prompts, source_images, ar_params)
     token_key, noise_key = jax.random.split(key)
     b = len(prepared.prompts) * samples_per_prompt
     sample = self.sample_tokens(prepared, jax.random.split(token_key, b), samples_per_prompt, ar_params)

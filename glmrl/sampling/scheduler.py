@@ -53,7 +53,7 @@ class SchedulerConfig:
 
   @classmethod
   def full(cls) -> "SchedulerConfig":
-    """Released GLM-Image values (shared/glm_image/scheduler_config.json)."""
+    """Released GLM-Image values (tests/fixtures/released/scheduler_config.json)."""
     return cls()
 
   @classmethod

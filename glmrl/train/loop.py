@@ -13,6 +13,7 @@ from flax import nnx
 
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
 from glmrl.logging import MetricsWriter, quiet_library_logs
+from glmrl.logging.progress import Progress
 from glmrl.train import evaluate as evaluate_lib
 from glmrl.train import optimizer as optimizer_lib
 from glmrl.train import rollout as rollout_lib
@@ -63,6 +64,8 @@ class Trainer:
     self.nonfinite_total = 0
     self._compiled = {}
     self._restore()
+    # Rows of steps after the restored one are redone by this run: drop them, no duplicates.
+    self.writer.drop_rows_after(self.step_index)
 
   # ------------------------------------------------------------- checkpoints
   def _restore(self):
@@ -165,23 +168,45 @@ def _select(full_state, like_state):
   return nnx.from_flat_state([(p, flat[p]) for p, _ in nnx.to_flat_state(like_state)])
 
 
+def _saved_steps(workdir: str) -> list[int]:
+  """Finalised checkpoint steps (Orbax writes into a temporary name and renames it when complete)."""
+  directory = os.path.join(workdir, "checkpoints")
+  return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(directory) else []
+
+
 def train(config, workdir: str) -> dict:
-  """Trains until config.train.num_steps; SIGTERM / Ctrl-C save a checkpoint and return."""
+  """Trains until config.train.num_steps; SIGTERM / Ctrl-C save a checkpoint and return.
+
+  Returns {"step", "last" (the last step's scalars), "stopped_by" (signal name or None)}.
+  """
   os.makedirs(workdir, exist_ok=True)
   quiet_library_logs()
+  num_steps = config.train.num_steps
+  saved = _saved_steps(workdir)
+  if saved and saved[-1] >= num_steps:
+    logging.info("already complete: %s holds step %d of %d; raise --config.train.num_steps to train further",
+                 os.path.join(workdir, "checkpoints"), saved[-1], num_steps)
+    return {"step": saved[-1], "last": {}, "stopped_by": None}
   trainer = Trainer(config, workdir)
-  last = {}
+  progress = Progress(num_steps, trainer.step_index)
+  last, stopped_by = {}, None
   try:
     with StopSignal() as stop:
-      while trainer.step_index < config.train.num_steps:
+      if trainer.step_index < num_steps:
+        logging.info("step %d/%d: compiling the rollout and update programs (the first step takes longer)",
+                     trainer.step_index + 1, num_steps)
+      while trainer.step_index < num_steps:
         last = trainer.step()
+        logging.info("%s", progress.line(trainer.step_index, last))
         trainer.save()
         if config.eval.interval and trainer.step_index % config.eval.interval == 0:
           evaluate_lib.run_eval(trainer.run, trainer.params, trainer.writer, trainer.step_index)
         if stop:
-          logging.warning("stopping at step %d on %s", trainer.step_index, stop.received)
+          stopped_by = stop.received
+          logging.warning("stopping at step %d on %s", trainer.step_index, stopped_by)
           break
       trainer.save(force=True)
   finally:
     trainer.close()
-  return last
+  logging.info("%s", progress.summary(trainer.step_index, trainer.checkpointer.directory, stopped_by))
+  return {"step": trainer.step_index, "last": last, "stopped_by": stopped_by}

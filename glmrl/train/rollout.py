@@ -62,7 +62,7 @@ def collect(run, data_batch, key, trainable, ref_params, fns_for):
   cfg, g = run.config, run.group_size
   t0 = time.perf_counter()
   source = data_batch.source_images if cfg.data.mode == "i2i" else None
-  prepared = run.pipeline.prepare(data_batch.prompts, source)
+  prepared = run.pipeline.prepare(data_batch.prompts, source, ar_params=(trainable, run.frozen))
   token_key, noise_key = jax.random.split(key)
   b = len(data_batch.prompts) * g
   sample = run.pipeline.sample_tokens(prepared, jax.random.split(token_key, b), g,

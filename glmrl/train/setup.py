@@ -15,6 +15,7 @@ from flax import nnx
 
 from glmrl import sharding as sharding_lib
 from glmrl.data import PromptIterator, load_prompts
+from glmrl.errors import UserError
 from glmrl.models import glm_image
 from glmrl.models.ar import tokenizer as word_tokenizer
 from glmrl.models.ar.prompt import PromptProcessor
@@ -53,16 +54,16 @@ def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
   data, fsdp, _ = mesh_shape
   batch = config.data.prompts_per_step * config.grpo.group_size
   if config.grpo.group_size < 2:
-    raise ValueError(f"config.grpo.group_size={config.grpo.group_size} must be at least 2")
+    raise UserError(f"config.grpo.group_size={config.grpo.group_size} must be at least 2")
   if batch % (data * fsdp):
-    raise ValueError(f"global batch prompts_per_step x group_size = {config.data.prompts_per_step} x "
+    raise UserError(f"global batch prompts_per_step x group_size = {config.data.prompts_per_step} x "
                      f"{config.grpo.group_size} = {batch} does not divide over the mesh's data x fsdp = "
                      f"{data} x {fsdp} = {data * fsdp} devices")
   micro = config.train.micro_batch_size or batch
   if batch % micro:
-    raise ValueError(f"config.train.micro_batch_size={micro} does not divide the global batch {batch}")
+    raise UserError(f"config.train.micro_batch_size={micro} does not divide the global batch {batch}")
   if micro % (data * fsdp):
-    raise ValueError(f"config.train.micro_batch_size={micro} does not divide over data x fsdp = {data * fsdp}")
+    raise UserError(f"config.train.micro_batch_size={micro} does not divide over data x fsdp = {data * fsdp}")
 
 
 def sampling_config(config) -> SamplingConfig:
@@ -84,9 +85,9 @@ def load_records(config):
   for path, recs in ((config.data.prompts_file, records), (config.eval.prompts_file, eval_records)):
     for r in recs:
       if config.data.mode == "i2i" and not r.source_images:
-        raise ValueError(f"{path}:{r.line}: data.mode='i2i' needs source_images on every line")
+        raise UserError(f"{path}:{r.line}: data.mode='i2i' needs source_images on every line")
       if config.data.mode == "t2i" and r.source_images:
-        raise ValueError(f"{path}:{r.line}: source_images given but data.mode='t2i' (set --config.data.mode=i2i)")
+        raise UserError(f"{path}:{r.line}: source_images given but data.mode='t2i' (set --config.data.mode=i2i)")
   return records, eval_records
 
 
@@ -135,14 +136,17 @@ def check_prompt_lengths(processor, records, path, config) -> None:
       continue
     n = processor([r.prompt], config.data.height, config.data.width).input_ids.shape[1]
     if n > limit:
-      raise ValueError(f"{path}:{r.line}: the prompt takes {n} tokens with its grids, more than "
+      raise UserError(f"{path}:{r.line}: the prompt takes {n} tokens with its grids, more than "
                        f"config.data.max_prompt_tokens={limit}")
 
 
 def build(config) -> Run:
   """Checks inputs, then builds the mesh, data, rewards, models and pipeline."""
   m = config.mesh
-  mesh_shape = sharding_lib.mesh_shape(m.data, m.fsdp, m.tensor, jax.device_count())
+  try:
+    mesh_shape = sharding_lib.mesh_shape(m.data, m.fsdp, m.tensor, jax.device_count())
+  except ValueError as e:
+    raise UserError(f"config.mesh: {e}") from None
   check_batch(config, mesh_shape)
   records, eval_records = load_records(config)
   mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor)
@@ -155,13 +159,16 @@ def build(config) -> Run:
                             height=config.data.height, width=config.data.width)
 
   logging.info("mesh %s on %d devices", dict(mesh.shape), jax.device_count())
+  source = config.model.checkpoint_dir or f"a random {config.model.preset!r} preset"
   models = {}
   for i, name in enumerate(glm_image.COMPONENTS):
+    logging.info("loading %s from %s", name, source)
     models[name] = glm_image.build(name, getattr(configs, name), mesh=mesh,
                                    checkpoint_dir=config.model.checkpoint_dir, seed=config.seed + i)
   ar_graphdef, ar_params = models["ar"]
-  model = nnx.merge(ar_graphdef, ar_params)
-  graphdef, trainable, frozen = nnx.split(model, TRAINABLE, ...)
+  graphdef, trainable, frozen = nnx.split(nnx.merge(ar_graphdef, ar_params), TRAINABLE, ...)
+  # The run owns the AR parameters (the update donates them); the pipeline gets them per call.
+  models["ar"] = (ar_graphdef, None)
   pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config), mesh=mesh)
   return Run(config, mesh, records, eval_records, iterator, composer, pipeline, graphdef, trainable, frozen)
 

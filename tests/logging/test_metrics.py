@@ -33,8 +33,8 @@ def _tb_events(workdir):
 @pytest.fixture
 def info_logs(caplog):
   old = logging.get_verbosity()
-  logging.set_verbosity(logging.INFO)
-  caplog.set_level(py_logging.INFO, logger="absl")
+  logging.set_verbosity(logging.DEBUG)
+  caplog.set_level(py_logging.DEBUG, logger="absl")
   yield caplog
   logging.set_verbosity(old)
 
@@ -102,3 +102,15 @@ def test_scalar_errors(tmp_path, step, scalars, match):
 def test_caption_count_mismatch():
   with pytest.raises(ValueError, match="got 2 prompts for 3 rewards"):
     sample_captions(["a", "b"], [1.0, 2.0, 3.0])
+
+
+def test_drop_rows_after_a_resumed_step(tmp_path):
+  with MetricsWriter(tmp_path, tensorboard=False) as w:
+    for step in (1, 2, 3, 4):
+      w.write_scalars(step, {"a": float(step)})
+  with MetricsWriter(tmp_path, tensorboard=False) as w:
+    assert w.drop_rows_after(2) == 2
+    w.write_scalars(3, {"a": 30.0})
+  rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert rows == [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}, {"step": 3, "a": 30.0}]
+  assert not (tmp_path / "metrics.jsonl.tmp").exists()

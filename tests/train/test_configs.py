@@ -21,12 +21,15 @@ def load(name, arg=None):
 
 
 @pytest.mark.parametrize("name", ["glm_image_t2i", "glm_image_i2i"])
-def test_real_configs_need_a_checkpoint_and_have_the_paper_defaults(name):
+def test_real_configs_need_a_checkpoint_and_have_the_paper_defaults(name, tmp_path):
   c = load(name)
-  c.data.prompts_file = "prompts.jsonl"
   with pytest.raises(config_checks.ConfigError, match="config.model.checkpoint_dir is required"):
     config_checks.validate(c)
-  c.model.checkpoint_dir = "/converted"
+  c.model.checkpoint_dir = str(tmp_path)
+  with pytest.raises(config_checks.ConfigError, match="config.data.prompts_file is required"):
+    config_checks.validate(c)
+  (tmp_path / "prompts.jsonl").write_text('{"prompt": "a cat"}\n')
+  c.data.prompts_file = str(tmp_path / "prompts.jsonl")
   config_checks.validate(c)
   assert (c.grpo.group_size, c.sampling.temperature, c.sampling.top_p) == (16, 0.9, 0.75)
   assert (c.data.height, c.data.width, c.sampling.dit_steps, c.sampling.guidance_scale) == (1024, 1024, 50, 1.5)

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from glmrl.errors import UserError
 from glmrl.models.ar import image_processing
 from glmrl.models.ar.image_processing import ImageProcessorConfig
 
@@ -134,7 +135,7 @@ class PromptProcessor:
     if (path / "processor").is_dir():
       path = path / "processor"
     if not (path / "tokenizer_config.json").is_file():
-      raise ValueError(f"{path} holds no tokenizer_config.json (expected a GLM-Image processor folder)")
+      raise UserError(f"{path} holds no tokenizer_config.json (expected a GLM-Image processor folder)")
     tokenizer = AutoTokenizer.from_pretrained(path)
     processor_cfg = _read_json(path / "processor_config.json") if (path / "processor_config.json").is_file() else {}
     if (path / "chat_template.jinja").is_file():
@@ -144,13 +145,13 @@ class PromptProcessor:
     else:
       template = processor_cfg.get("chat_template") or getattr(tokenizer, "chat_template", None)
     if not template:
-      raise ValueError(f"no chat template in {path}")
+      raise UserError(f"no chat template in {path}")
     if (path / "preprocessor_config.json").is_file():
       image_cfg = ImageProcessorConfig.from_hf(_read_json(path / "preprocessor_config.json"))
     elif "image_processor" in processor_cfg:
       image_cfg = ImageProcessorConfig.from_hf(processor_cfg["image_processor"])
     else:
-      raise ValueError(f"no image processor config (preprocessor_config.json) in {path}")
+      raise UserError(f"no image processor config (preprocessor_config.json) in {path}")
     return cls(tokenizer, template, image_cfg)
 
   def render(self, prompt: str, images: Sequence = ()) -> str:

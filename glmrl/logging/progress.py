@@ -1,0 +1,71 @@
+"""The console view of a run: a short progress line per step, and a closing summary.
+
+Every metric still goes to metrics.jsonl and TensorBoard; the console shows the few a person
+watches (reward, loss, ratio range, KL, step time) with the elapsed time and an ETA.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+from typing import Mapping
+
+# (metric key, label, format) in the order shown; missing or non-finite ones are skipped.
+SHOWN = (
+    ("reward/mean", "reward", "{:.4g}"),
+    ("loss", "loss", "{:.3g}"),
+    ("kl", "kl", "{:.3g}"),
+    ("grad_norm", "grad", "{:.3g}"),
+)
+
+
+def _clock(seconds: float) -> str:
+  return str(datetime.timedelta(seconds=int(round(seconds))))
+
+
+class Progress:
+  """Formats `step i/N` lines for steps `start_step + 1 .. num_steps` of this process."""
+
+  def __init__(self, num_steps: int, start_step: int = 0, now=time.monotonic):
+    self.num_steps, self.start_step, self._now = num_steps, start_step, now
+    self._t0 = now()
+    self._t1 = self._t0
+    self.first_reward = None
+    self.last_reward = None
+
+  def line(self, step: int, scalars: Mapping[str, float]) -> str:
+    now = self._now()
+    elapsed = now - self._t0
+    done = step - self.start_step
+    # The first step of a process includes compilation: the ETA uses the later ones once there are any.
+    if done == 1:
+      self._t1 = now
+      eta = elapsed * (self.num_steps - step)
+    else:
+      eta = (now - self._t1) / (done - 1) * (self.num_steps - step)
+    reward = scalars.get("reward/mean")
+    if reward is not None and math.isfinite(reward):
+      self.first_reward = reward if self.first_reward is None else self.first_reward
+      self.last_reward = reward
+    parts = [f"step {step}/{self.num_steps}", f"{_clock(elapsed)} elapsed, ETA {_clock(eta)}"]
+    for key, label, fmt in SHOWN:
+      value = scalars.get(key)
+      if value is not None and math.isfinite(value):
+        parts.append(f"{label} {fmt.format(value)}")
+    lo, hi = scalars.get("ratio/min"), scalars.get("ratio/max")
+    if lo is not None and hi is not None:
+      parts.append(f"ratio [{lo:.4f}, {hi:.4f}]")
+    if scalars.get("time/step") is not None:
+      parts.append(f"{scalars['time/step']:.2f} s/step")
+    if scalars.get("skipped"):
+      parts.append("SKIPPED (non-finite)")
+    return " | ".join(parts)
+
+  def summary(self, step: int, checkpoints: str, stopped_by: str | None = None) -> str:
+    elapsed = _clock(self._now() - self._t0)
+    how = f"stopped by {stopped_by} at step {step}/{self.num_steps}" if stopped_by else f"done: {step} steps"
+    reward = ""
+    if self.first_reward is not None:
+      reward = f", reward {self.first_reward:.4g} -> {self.last_reward:.4g}"
+    return f"{how} in {elapsed}{reward}; checkpoints in {checkpoints}"
