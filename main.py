@@ -49,6 +49,11 @@ def _parse_flags(argv):
           "(all keys: configs/common.py)")
   except flags.Error as e:
     _fail(str(e))
+  except SystemExit as e:
+    # absl prints --help and exits 1; asking for help is not a failure.
+    if any(a in ("--help", "-h", "-?", "--helpshort", "--helpfull") for a in argv[1:]):
+      raise SystemExit(0) from None
+    raise e
 
 
 def _fail(message: str):

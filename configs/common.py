@@ -59,7 +59,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.micro_batch_size = 0  # Sequences per gradient micro-batch; 0 uses the whole batch at once.
   c.train.max_consecutive_nonfinite = 5  # Stop after this many consecutive NaN/inf losses or rewards.
 
-  c.rewards = [ml_collections.ConfigDict({"name": "brightness", "weight": 1.0})]  # Weighted sum; each logged.
+  # Weighted sum, each logged. A tuple so flags can replace it whole: --config.rewards="({'name': 'saturation',
+  # 'weight': 1.0},)"; one entry's field: --config.rewards[0].weight=2.0.
+  c.rewards = (ml_collections.ConfigDict({"name": "brightness", "weight": 1.0}),)  # {name, weight[, normalize, kwargs]}
   c.normalize_rewards_per_group = False  # Standardise each reward within its group before summing.
 
   c.mesh = ml_collections.ConfigDict()

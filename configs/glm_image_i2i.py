@@ -14,7 +14,7 @@ from configs import glm_image_t2i
 def get_config(arg=None):
   c = glm_image_t2i.get_config(arg)
   c.data.mode = "i2i"
-  c.rewards = [config_dict.ConfigDict({"name": "target_neg_mse", "weight": 1.0})]
+  c.rewards = (config_dict.ConfigDict({"name": "target_neg_mse", "weight": 1.0}),)
   if arg == "tiny":
     c.data.prompts_file = os.path.join(os.path.dirname(__file__), "data", "i2i_demo.jsonl")
   return c

@@ -34,7 +34,7 @@ def get_config(arg=None):
   c.optim.warmup_steps = 10
   c.train.num_steps = 1000
   c.train.micro_batch_size = 16
-  c.rewards = [config_dict.ConfigDict({"name": "jpeg_compressibility", "weight": 1.0})]
+  c.rewards = (config_dict.ConfigDict({"name": "jpeg_compressibility", "weight": 1.0}),)
   if arg == "tiny":
     c.model.checkpoint_dir = ""
     c.model.preset = "tiny"
@@ -42,7 +42,7 @@ def get_config(arg=None):
     c.model.remat = False
     c.data.prompts_file = os.path.join(os.path.dirname(__file__), "data", "demo_prompts.txt")
     c.data.height = c.data.width = 64
-    c.data.max_prompt_tokens = 32
+    c.data.max_prompt_tokens = 64  # room for a real chat template (a converted tiny checkpoint's)
     c.data.max_glyph_tokens = 16
     c.data.prompts_per_step = 2
     c.grpo.group_size = 4

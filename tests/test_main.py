@@ -1,5 +1,6 @@
-"""main.py rejects bad configs before any work starts, naming the key."""
+"""main.py as users launch it: bad input ends in one line before any work; the demo trains, resumes, finishes."""
 
+import json
 import os
 import subprocess
 import sys
@@ -9,9 +10,18 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_main(*args, tmp_path):
+def run_main(*args, tmp_path, timeout=120):
   cmd = [sys.executable, os.path.join(ROOT, "main.py"), f"--workdir={tmp_path}", *args]
-  return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+  return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def assert_one_line_error(result, message):
+  """Exit status 2, the message on stderr's single 'error:' line, and no traceback."""
+  output = result.stderr + result.stdout
+  assert result.returncode == 2, output[-3000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and message in errors[0], output[-3000:]
+  assert "Traceback" not in output, output[-3000:]
 
 
 @pytest.mark.parametrize("override,message", [
@@ -20,14 +30,86 @@ def run_main(*args, tmp_path):
     ("--config.grpo.group_size=1", "config.grpo.group_size=1: must be at least 2"),
     ("--config.data.width=100", "config.data.width=100: must be a positive multiple of 32"),
     ("--config.model.param_dtype=float16", "config.model.param_dtype='float16'"),
+    ("--config.optim.learning_rate=-0.001", "config.optim.learning_rate=-0.001: must be > 0"),
+    ("--config.optim.warmup_steps=-5", "config.optim.warmup_steps=-5: must be >= 0"),
+    ("--config.grpo.kl=k7", "config.grpo.kl='k7': must be one of ['k1', 'k2', 'k3']"),
+    ("--config.grpo.scale=median", "config.grpo.scale='median'"),
+    ("--config.grpo.estimator=ppo", "config.grpo.estimator='ppo'"),
+    ("--config.grpo.aggregation=sum", "config.grpo.aggregation='sum'"),
+    ("--config.rewards[0].name=brightnes", "config.rewards[0].name='brightnes': no such reward"),
+    ("--mode=eval", "--mode=eval needs held-out prompts: pass --config.eval.prompts_file=..."),
+    ("--config.mesh.fsdp=3", "config.mesh: mesh data=1 x fsdp=3 x tensor=1 != 1 devices"),
 ])
-def test_bad_config_fails_naming_the_key(override, message, tmp_path):
+def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_path):
   result = run_main("--config=configs/demo.py", override, tmp_path=tmp_path)
-  assert result.returncode != 0
-  assert message in result.stderr + result.stdout
+  assert_one_line_error(result, message)
   assert not os.listdir(tmp_path)  # nothing was started
+
+
+def test_bad_prompt_file_names_file_and_line(tmp_path):
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text('{"prompt": "a cat"}\n{"prompt": "a dog",}\n')
+  work = tmp_path / "work"
+  result = run_main("--config=configs/demo.py", f"--config.data.prompts_file={prompts}", tmp_path=work)
+  assert_one_line_error(result, f"{prompts}:2: bad JSON")
+  assert not os.listdir(work)
+
+
+@pytest.mark.parametrize("config,prompts", [("configs/glm_image_t2i.py", "configs/data/demo_prompts.txt"),
+                                            ("configs/glm_image_i2i.py", "configs/data/i2i_demo.jsonl")])
+def test_released_configs_take_their_required_values_from_flags(config, prompts, tmp_path):
+  result = run_main(f"--config={config}", tmp_path=tmp_path)
+  assert_one_line_error(result, "config.model.checkpoint_dir is required but has no value "
+                                "(pass --config.model.checkpoint_dir=...)")
+  result = run_main(f"--config={config}", f"--config.model.checkpoint_dir={tmp_path}", tmp_path=tmp_path)
+  assert_one_line_error(result, "config.data.prompts_file is required")
+  result = run_main(f"--config={config}", f"--config.model.checkpoint_dir={tmp_path}",
+                    f"--config.data.prompts_file={prompts}", tmp_path=tmp_path)
+  # The values were taken: what stops the run now is the empty folder standing in for a checkpoint.
+  assert_one_line_error(result, f"{tmp_path}/vision_language_encoder/config.json not found")
+
+
+def test_unknown_config_argument(tmp_path):
+  result = run_main("--config=configs/glm_image_t2i.py:huge", tmp_path=tmp_path)
+  assert result.returncode != 0 and "unknown config argument 'huge'" in result.stderr
 
 
 def test_unknown_mode(tmp_path):
   result = run_main("--mode=fly", tmp_path=tmp_path)
   assert result.returncode != 0 and "--mode" in result.stderr
+
+
+def test_help_points_to_the_keys_and_what_each_mode_writes(tmp_path):
+  result = subprocess.run([sys.executable, "main.py", "--help"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+  assert result.returncode == 0
+  for text in ("configs/common.py", "checkpoints/<step>/", "generate/", "metrics.jsonl", "143"):
+    assert text in result.stdout, text
+
+
+def _rows(workdir):
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_path):
+  """The README's first command (fewer steps), rerun, then extended: as a user would drive it."""
+  args = ("--config=configs/demo.py", "--config.checkpoint.save_interval=2", "--config.log.image_interval=2")
+  first = run_main(*args, "--config.train.num_steps=3", tmp_path=tmp_path, timeout=600)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert "step 3/3 |" in first.stderr and "ETA" in first.stderr and "reward" in first.stderr
+  assert "done: 3 steps in" in first.stderr and str(tmp_path / "checkpoints") in first.stderr
+  assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3]
+  assert {"2", "3"} <= set(os.listdir(tmp_path / "checkpoints"))
+  assert sorted(os.listdir(tmp_path / "samples"))  # grids at steps 1 and 2
+
+  again = run_main(*args, "--config.train.num_steps=3", tmp_path=tmp_path)
+  assert again.returncode == 0 and "already complete" in again.stderr, again.stderr[-3000:]
+  assert len(_rows(tmp_path)) == 3
+
+  # A crash after step 3's metrics but before its checkpoint leaves a row the resumed run redoes.
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write(json.dumps({"step": 4, "reward/mean": 0.0}) + "\n")
+  more = run_main(*args, "--config.train.num_steps=4", tmp_path=tmp_path, timeout=600)
+  assert more.returncode == 0, more.stderr[-3000:]
+  assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3, 4]
+  assert _rows(tmp_path)[-1]["reward/mean"] != 0.0

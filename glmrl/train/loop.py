@@ -64,8 +64,6 @@ class Trainer:
     self.nonfinite_total = 0
     self._compiled = {}
     self._restore()
-    # Rows of steps after the restored one are redone by this run: drop them, no duplicates.
-    self.writer.drop_rows_after(self.step_index)
 
   # ------------------------------------------------------------- checkpoints
   def _restore(self):
@@ -188,6 +186,8 @@ def train(config, workdir: str) -> dict:
                  os.path.join(workdir, "checkpoints"), saved[-1], num_steps)
     return {"step": saved[-1], "last": {}, "stopped_by": None}
   trainer = Trainer(config, workdir)
+  # Rows of steps after the restored one are redone by this run: drop them, no duplicates.
+  trainer.writer.drop_rows_after(trainer.step_index)
   progress = Progress(num_steps, trainer.step_index)
   last, stopped_by = {}, None
   try:

@@ -131,13 +131,14 @@ def check_prompt_lengths(processor, records, path, config) -> None:
   Image-to-image prompts are checked when their images are tokenized (`GlmImagePipeline.prepare`).
   """
   limit = config.data.max_prompt_tokens
-  for r in records:
-    if r.source_images:
-      continue
-    n = processor([r.prompt], config.data.height, config.data.width).input_ids.shape[1]
-    if n > limit:
-      raise UserError(f"{path}:{r.line}: the prompt takes {n} tokens with its grids, more than "
-                       f"config.data.max_prompt_tokens={limit}")
+  lengths = [(processor([r.prompt], config.data.height, config.data.width).input_ids.shape[1], r.line)
+             for r in records if not r.source_images]
+  too_long = [(n, line) for n, line in lengths if n > limit]
+  if too_long:
+    n, line = too_long[0]
+    raise UserError(f"{path}:{line}: the prompt takes {n} tokens with its grids, more than "
+                    f"config.data.max_prompt_tokens={limit} ({len(too_long)} prompt(s) too long; the longest "
+                    f"needs --config.data.max_prompt_tokens={max(n for n, _ in too_long)})")
 
 
 def build(config) -> Run:
