@@ -17,6 +17,10 @@ def parse_args(argv):
   p.add_argument("--ckpt_dir", help="converted checkpoint, or a training run's checkpoints/ folder")
   p.add_argument("--hf_out_dir", help="where the HF folder is written (--to_hf)")
   p.add_argument("--step", type=int, default=None, help="training step to export (default: latest)")
+  p.add_argument("--source_dir", default=None,
+                 help="converted folder the other pipeline components are taken from when exporting a training "
+                      "run (default: the run's config.model.checkpoint_dir, recorded in checkpoints/source.json); "
+                      "'' writes the trained generator alone")
   p.add_argument("--max_shard_size", default=flax_to_hf.DEFAULT_MAX_SHARD_SIZE,
                  help="shard safetensors above this size, e.g. 5GB or 500MiB (--to_hf)")
   args = p.parse_args(argv)
@@ -25,7 +29,7 @@ def parse_args(argv):
     if not args.ckpt_dir or not args.hf_out_dir or wrong:
       p.error("--to_hf takes --ckpt_dir and --hf_out_dir" + (f", not {' '.join(wrong)}" if wrong else ""))
   else:
-    wrong = [f"--{n}" for n in ("ckpt_dir", "hf_out_dir", "step") if getattr(args, n) is not None]
+    wrong = [f"--{n}" for n in ("ckpt_dir", "hf_out_dir", "step", "source_dir") if getattr(args, n) is not None]
     if not args.hf_dir or not args.out_dir or wrong:
       p.error("conversion takes --hf_dir and --out_dir" + (f", not {' '.join(wrong)} (use --to_hf)" if wrong else ""))
   return args
@@ -35,7 +39,7 @@ def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
   try:
     if args.to_hf:
-      flax_to_hf.export(args.ckpt_dir, args.hf_out_dir, step=args.step,
+      flax_to_hf.export(args.ckpt_dir, args.hf_out_dir, step=args.step, source_dir=args.source_dir,
                         max_shard_size=args.max_shard_size)
     else:
       hf_to_flax.convert(args.hf_dir, args.out_dir)

@@ -3,7 +3,14 @@
 Input is either a converted checkpoint (the layout `hf_to_flax.convert`
 writes) or a training run's Orbax CheckpointManager directory whose step
 folders hold a `params` item with the AR generator's state, next to
-`ar_config.json`.
+`ar_config.json` and `source.json`.
+
+A training run is exported as a complete pipeline folder (what
+`diffusers.GlmImagePipeline.from_pretrained` loads): the trained generator
+plus every other component and file of the converted folder the run started
+from (recorded in source.json, or given as `source_dir`), the generator's
+generation_config.json included. A run of a random preset has no such folder:
+only the generator is written, and the result says why it is incomplete.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import orbax.checkpoint as ocp
 from checkpoints_convert import components as components_lib
 from checkpoints_convert import hf_to_flax
 from checkpoints_convert import safetensors_stream as st
+from glmrl.checkpoint import manager as train_ckpt
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 TRAINING_CONFIG = "ar_config.json"
@@ -133,52 +141,181 @@ def find_training_checkpoint(ckpt_dir: str, step: int | None = None) -> tuple[st
   return os.path.join(root, str(step), components_lib.PARAMS_DIR), config, step
 
 
-def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None,
+def pipeline_incomplete(out_dir: str) -> str | None:
+  """None when `out_dir` holds every component its model_index.json lists, else what is missing."""
+  path = os.path.join(out_dir, components_lib.MODEL_INDEX)
+  if not os.path.isfile(path):
+    return f"no {components_lib.MODEL_INDEX} in {out_dir}"
+  with open(path) as f:
+    index = json.load(f)
+  missing = [n for n in index if not n.startswith("_") and not os.path.isdir(os.path.join(out_dir, n))]
+  if missing:
+    return f"{', '.join(missing)} listed in {path} but not written"
+  return None
+
+
+def _report(result: dict, hf_out_dir: str, log) -> dict:
+  """Adds "complete" and "incomplete_reason" (a reason given by the caller, else what is missing) and says it."""
+  reason = result.get("incomplete_reason") or pipeline_incomplete(hf_out_dir)
+  result.update(complete=reason is None, incomplete_reason=reason)
+  if reason is None:
+    log(f"wrote a complete GLM-Image pipeline folder: {hf_out_dir}")
+  else:
+    log(f"warning: {hf_out_dir} is not a complete pipeline folder "
+        f"(diffusers.GlmImagePipeline.from_pretrained cannot load it): {reason}")
+  return result
+
+
+def _export_components(src: str, names, hf_out_dir: str, max_shard_size, log, plans: dict) -> dict:
+  """Converted components `names` of `src` -> `hf_out_dir`/<name>/ (files copied, weights streamed);
+  `plans`: `_plan_components`' output, made before anything is written."""
+  exported = {}
+  for n in names:
+    component, src_n, out = components_lib.get(n), os.path.join(src, n), os.path.join(hf_out_dir, n)
+    hf_to_flax.copy_component_files(src_n, out)
+    config, plan = plans[n]
+    exported[n] = export_component(component, os.path.join(src_n, components_lib.PARAMS_DIR), config,
+                                   out, max_shard_size=max_shard_size, plan=plan)
+    log(f"exported {n}: {exported[n]['tensors']} tensors -> {exported[n]['files']}")
+  return exported
+
+
+def _plan_components(src: str, names) -> dict:
+  plans = {}
+  for n in names:
+    component = components_lib.get(n)
+    config = component.read_config(os.path.join(src, n))
+    plans[n] = (config, plan_export(component, os.path.join(src, n, components_lib.PARAMS_DIR), config))
+  return plans
+
+
+def _converted_components(directory: str) -> list[str]:
+  return [n for n in components_lib.COMPONENTS
+          if os.path.isdir(os.path.join(directory, n, components_lib.PARAMS_DIR))]
+
+
+def training_source(run_dir: str, source_dir: str | None) -> tuple[str | None, str | None]:
+  """(converted folder to take the other components from, None) or (None, why there is none).
+
+  `source_dir` (the command line's --source_dir) overrides what the run recorded in source.json;
+  "" asks for the generator alone.
+  """
+  recorded_at = os.path.join(run_dir, train_ckpt.SOURCE_FILE)
+  if source_dir is not None:
+    source, origin = source_dir, "--source_dir"
+    if not source:
+      return None, "--source_dir='' asks for the trained generator alone"
+  else:
+    source, origin = train_ckpt.read_source(run_dir), f"recorded in {recorded_at}"
+    if source is None:
+      return None, (f"the run recorded no source checkpoint ({recorded_at} is missing: the run predates it); "
+                    f"pass --source_dir=<the converted folder it trained from> to write a complete folder")
+    if not source:
+      return None, (f"the run trained a random preset (no config.model.checkpoint_dir, {recorded_at}), so "
+                    f"there is no text_encoder, transformer, vae, processor, tokenizer or scheduler "
+                    f"belonging to its generator")
+  if not os.path.isdir(os.path.join(source, TRAINING_COMPONENT, components_lib.PARAMS_DIR)):
+    raise ValueError(f"source checkpoint {source!r} ({origin}) is not a converted GLM-Image folder (no "
+                     f"{TRAINING_COMPONENT}/{components_lib.PARAMS_DIR}); pass --source_dir=<the converted folder "
+                     f"the run trained from>, or --source_dir='' for the generator alone")
+  return os.path.abspath(source), None
+
+
+def _check_same_generator(component, source_config: dict, source_path: str, run_config: dict, run_path: str):
+  """The source's generator config must describe the trained one (same architecture)."""
+  a, b = component.config_from_hf(source_config), component.config_from_hf(run_config)
+  if a != b:
+    diff = [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+    raise ValueError(f"{source_path} describes a different generator than the trained one ({run_path}): "
+                     f"{', '.join(diff)} differ; is this the converted folder the run trained from?")
+
+
+def _match_dtype(config_path: str, plan: list[Exported], log):
+  """Sets the config's dtype to the exported tensors' one (trained parameters may be stored in another
+  dtype than the source's), so `from_pretrained(dtype="auto")` loads them as trained."""
+  dtypes = {np.dtype(e.dtype).name for e in plan}
+  if len(dtypes) != 1:
+    return
+  (dtype,) = dtypes
+  with open(config_path) as f:
+    config = json.load(f)
+  changed = {k: config[k] for k in ("dtype", "torch_dtype") if k in config and config[k] != dtype}
+  if changed:
+    config.update({k: dtype for k in changed})
+    with open(config_path, "w") as f:
+      json.dump(config, f, indent=2, sort_keys=True)
+    log(f"{config_path}: {', '.join(f'{k} {v} -> {dtype}' for k, v in changed.items())} (the trained tensors' dtype)")
+
+
+def _export_training(params_dir: str, config_path: str, step: int, hf_out_dir: str, source_dir: str | None,
+                     max_shard_size, log) -> dict:
+  run_dir = os.path.dirname(config_path)
+  with open(config_path) as f:
+    run_config = json.load(f)
+  component = components_lib.get(TRAINING_COMPONENT)
+  plan = plan_export(component, params_dir, run_config)
+  source, why_not = training_source(run_dir, source_dir)
+  others, plans = [], {}
+  if source is not None:
+    source_ar = os.path.join(source, component.name)
+    _check_same_generator(component, component.read_config(source_ar),
+                          os.path.join(source_ar, component.config_name), run_config, config_path)
+    others = [n for n in _converted_components(source) if n != component.name]
+    plans = _plan_components(source, others)
+  # Everything is validated before anything is written.
+  for n in (component.name, *others):
+    _fresh_dir(os.path.join(hf_out_dir, n))
+  out = os.path.join(hf_out_dir, component.name)
+  if source is None:
+    shutil.copy2(config_path, os.path.join(out, component.config_name))
+  else:
+    # The source's files (its full config.json, generation_config.json with the sampling defaults).
+    hf_to_flax.copy_component_files(source_ar, out)
+    _match_dtype(os.path.join(out, component.config_name), plan, log)
+  exported = {component.name: export_component(component, params_dir, run_config, out,
+                                               max_shard_size=max_shard_size, plan=plan)}
+  log(f"exported {component.name} of step {step}: {exported[component.name]['tensors']} tensors -> "
+      f"{exported[component.name]['files']}")
+  copied = []
+  if source is not None:
+    exported.update(_export_components(source, others, hf_out_dir, max_shard_size, log, plans))
+    copied = hf_to_flax.copy_pipeline_files(source, hf_out_dir, log)
+  result = {"exported": exported, "skipped": [], "copied": copied, "step": step, "source": source,
+            "incomplete_reason": None if source is not None else f"only {component.name} was written: {why_not}"}
+  return _report(result, hf_out_dir, log)
+
+
+def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_dir: str | None = None,
            max_shard_size=DEFAULT_MAX_SHARD_SIZE, log: Callable[[str], None] = print) -> dict:
-  """Writes an HF GLM-Image folder from a converted or a training checkpoint."""
+  """Writes an HF GLM-Image folder from a converted or a training checkpoint.
+
+  Returns {"exported": {component: {"tensors", "files"}}, "skipped", "copied", "complete",
+  "incomplete_reason"} plus, for a training checkpoint, "step" and "source" (the converted folder
+  the other components came from, or None).
+  """
   if not os.path.isdir(ckpt_dir):
     raise ValueError(f"--ckpt_dir {ckpt_dir!r} is not a directory")
   st.parse_size(max_shard_size)
   training = find_training_checkpoint(ckpt_dir, step)
   if training is not None:
-    params_dir, config_path, found_step = training
-    with open(config_path) as f:
-      config = json.load(f)
-    component = components_lib.get(TRAINING_COMPONENT)
-    plan = plan_export(component, params_dir, config)
-    out = os.path.join(hf_out_dir, component.name)
-    _fresh_dir(out)
-    shutil.copy2(config_path, os.path.join(out, component.config_name))
-    result = export_component(component, params_dir, config, out,
-                              max_shard_size=max_shard_size, plan=plan)
-    log(f"exported {component.name} of step {found_step}: {result['tensors']} tensors -> {result['files']}")
-    return {"exported": {component.name: result}, "skipped": [], "step": found_step}
+    return _export_training(*training, hf_out_dir, source_dir, max_shard_size, log)
   if step is not None:
     raise ValueError(f"--step given but {ckpt_dir} is not a training checkpoint "
                      f"(no {TRAINING_CONFIG} in it or in its checkpoints/)")
-  present = [n for n in components_lib.COMPONENTS
-             if os.path.isdir(os.path.join(ckpt_dir, n, components_lib.PARAMS_DIR))]
+  if source_dir is not None:
+    raise ValueError(f"--source_dir is for a training checkpoint; {ckpt_dir} is not one "
+                     f"(no {TRAINING_CONFIG} in it or in its checkpoints/): its own components are exported")
+  present = _converted_components(ckpt_dir)
   if not present:
     raise ValueError(f"{ckpt_dir}: neither a converted checkpoint (<component>/params/) "
                      f"nor a training checkpoint ({TRAINING_CONFIG})")
   skipped = [n for n in components_lib.COMPONENTS if n not in present]
-  plans = {}
-  for n in present:
-    component = components_lib.get(n)
-    src = os.path.join(ckpt_dir, n)
-    config = component.read_config(src)
-    plans[n] = (config, plan_export(component, os.path.join(src, components_lib.PARAMS_DIR), config))
+  plans = _plan_components(ckpt_dir, present)
   for n in present:
     _fresh_dir(os.path.join(hf_out_dir, n))
   for n in skipped:
     log(f"skipped {n}: not in {ckpt_dir}")
-  exported = {}
-  for n in present:
-    component, src, out = components_lib.get(n), os.path.join(ckpt_dir, n), os.path.join(hf_out_dir, n)
-    hf_to_flax.copy_component_files(src, out)
-    config, plan = plans[n]
-    exported[n] = export_component(component, os.path.join(src, components_lib.PARAMS_DIR), config,
-                                   out, max_shard_size=max_shard_size, plan=plan)
-    log(f"exported {n}: {exported[n]['tensors']} tensors -> {exported[n]['files']}")
+  exported = _export_components(ckpt_dir, present, hf_out_dir, max_shard_size, log, plans)
   copied = hf_to_flax.copy_pipeline_files(ckpt_dir, hf_out_dir, log)
-  return {"exported": exported, "skipped": skipped, "copied": copied}
+  return _report({"exported": exported, "skipped": skipped, "copied": copied, "incomplete_reason": None},
+                 hf_out_dir, log)

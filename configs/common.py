@@ -11,6 +11,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.checkpoint_dir = ""  # Converted GLM-Image folder (checkpoints_convert output); "": random `preset`.
   c.model.preset = "tiny"  # Random-model size when checkpoint_dir is empty: "tiny" (tests/demo) or "full".
+  # bfloat16: the forward reads bf16 weights, the optimizer keeps a float32 master copy (2 bytes per parameter
+  # more than float32, README "Memory per trained parameter").
   c.model.param_dtype = "float32"  # Trained AR parameters: "float32" or "bfloat16".
   c.model.compute_dtype = "float32"  # Activations / matmuls: "float32" or "bfloat16".
   c.model.remat = False  # Rematerialise each AR decoder layer in the backward pass (saves activation memory).
@@ -21,7 +23,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.height = 1024  # Target image height in pixels (multiple of 32).
   c.data.width = 1024  # Target image width in pixels (multiple of 32).
   c.data.max_prompt_tokens = 128  # Fixed (left-padded) prompt length incl. grid tokens: one compilation.
-  c.data.max_glyph_tokens = 64  # Glyph (quoted text) tokens are padded and masked to a multiple of this.
+  c.data.max_glyph_tokens = 64  # Fixed glyph (ByT5) tokens per prompt, all its quoted texts; longer is an error.
+  c.data.max_glyph_texts = 4  # Fixed number of quoted texts per prompt the glyph encoder holds; more is an error.
   c.data.prompts_per_step = 2  # Distinct prompts per rollout batch; the batch is prompts_per_step * group_size.
 
   c.sampling = ml_collections.ConfigDict()
@@ -35,7 +38,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.grpo = ml_collections.ConfigDict()
   c.grpo.group_size = 16  # Samples per prompt (>= 2).
-  c.grpo.num_iterations = 1  # Policy updates (mu) per rollout batch.
+  c.grpo.num_iterations = 1  # Policy updates (mu) per rollout batch; each is one optimizer (schedule) update.
   c.grpo.epsilon_low = 0.2  # Lower clip range of the importance ratio.
   c.grpo.epsilon_high = 0.28  # Upper clip range (DAPO clip-higher when > epsilon_low).
   c.grpo.beta = 0.0  # KL penalty weight to the initial policy; 0 holds no reference copy.
@@ -43,12 +46,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.grpo.aggregation = "seq_mean_token_mean"  # Loss aggregation (see glmrl.grpo.policy_loss).
   c.grpo.scale = "group"  # Advantage scaling: "group", "batch" or "none".
   c.grpo.estimator = "grpo"  # Advantage baseline: "grpo" (group mean) or "rloo" (leave-one-out).
-  c.grpo.drop_zero_variance_groups = False  # Exclude groups whose rewards are all equal from the update.
+  c.grpo.drop_zero_variance_groups = False  # Drop (near-)constant groups (see std_eps) from every loss term, KL too.
+  # A group whose unbiased reward std is <= std_eps * its largest |reward| counts as constant: zero advantages,
+  # rather than its rounding noise standardised into order-one ones. Also applies to normalize_rewards_per_group.
+  c.grpo.std_eps = 1e-5  # Near-constant group threshold, relative: float in [0, 1); 0 = only exact ties.
+  # Truncated importance sampling of the sampler/learner mismatch (verl, TRL): each token's surrogate is
+  # weighted by min(exp(learner old logp - sampler logp), tis_cap); the KL term is not.
+  c.grpo.tis_cap = 0.0  # 0 = off; else >= 1 (2 is usual).
   c.grpo.loss_tokens = "all"  # Tokens in the loss: "all" generated tokens, or only the "target" grid's.
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 1e-5  # Peak AdamW learning rate.
-  c.optim.warmup_steps = 10  # Linear warmup steps before the cosine decay.
+  # The schedule counts updates (num_steps * num_iterations); the cosine decays to zero one update past the last.
+  c.optim.warmup_steps = 10  # Linear warmup in rollout steps (= warmup_steps * num_iterations updates).
   c.optim.weight_decay = 0.0  # AdamW decoupled weight decay.
   c.optim.b1 = 0.9  # AdamW beta1.
   c.optim.b2 = 0.999  # AdamW beta2.
@@ -62,7 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Weighted sum, each logged. A tuple so flags can replace it whole: --config.rewards="({'name': 'saturation',
   # 'weight': 1.0},)"; one entry's field: --config.rewards[0].weight=2.0.
   c.rewards = (ml_collections.ConfigDict({"name": "brightness", "weight": 1.0}),)  # {name, weight[, normalize, kwargs]}
-  c.normalize_rewards_per_group = False  # Standardise each reward within its group before summing.
+  c.normalize_rewards_per_group = False  # Standardise each reward within its group (as the advantages) before summing.
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # Data-parallel axis size; -1 means "the remaining devices".

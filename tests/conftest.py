@@ -7,6 +7,17 @@ test, subprocess runs); the cache turns their repeated compilations into loads.
 import os
 import tempfile
 
+import pytest
+
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "glmrl_test_xla_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+@pytest.fixture(scope="session")
+def tiny_released(tmp_path_factory):
+  """(hf_dir, converted_dir): a complete tiny GLM-Image folder in the released layout and its conversion
+  (tests/fixtures/released_folder.py); converted_dir is what --config.model.checkpoint_dir takes."""
+  from tests.fixtures.released_folder import write_converted
+
+  return write_converted(tmp_path_factory.mktemp("tiny_released"))

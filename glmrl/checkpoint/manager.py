@@ -3,27 +3,75 @@
 `params` holds the whole AR generator's parameter state (trainable and frozen
 parts, the same paths as a converted checkpoint), so `python -m
 checkpoints_convert --to_hf --ckpt_dir=<workdir>` exports it; the generator's
-HF config sits beside the steps as `ar_config.json`.
+HF config sits beside the steps as `ar_config.json`, and the converted folder
+the run started from as `source.json` (the export takes every other pipeline
+component from there).
+
+A step that does not restore (a truncated or missing file) is reported and
+the newest step that does restore is used; the unreadable steps are moved,
+untouched, into `checkpoints/unreadable/` (see `restore_latest`).
 """
 
+import contextlib
 import json
+import logging as std_logging
 import os
+import sys
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
+
+from glmrl.errors import UserError
 
 AR_CONFIG_FILE = "ar_config.json"
+SOURCE_FILE = "source.json"
+UNREADABLE_DIR = "unreadable"
+# Longest error summary quoted per step (TensorStore messages embed whole specs).
+_SUMMARY_CHARS = 400
+
+
+class CheckpointError(UserError):
+  """No step of a run's checkpoints folder restores; the message names the folder and each step's error."""
+
+
+def write_json_atomic(path: str, value) -> None:
+  """Writes JSON through a temporary file and a rename, so a reader never sees half a file."""
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(value, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def read_source(directory: str) -> str | None:
+  """The converted checkpoint a run started from ("" for a random preset), or None if not recorded."""
+  path = os.path.join(directory, SOURCE_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    try:
+      value = json.load(f)["checkpoint_dir"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+      raise ValueError(f"{path}: expected {{\"checkpoint_dir\": ...}} ({e!r})") from e
+  if not isinstance(value, str):
+    raise ValueError(f"{path}: checkpoint_dir must be a string, got {value!r}")
+  return value
 
 
 class TrainCheckpointer:
   """CheckpointManager with async saves every `save_interval` steps, keeping the last `max_to_keep`."""
 
-  def __init__(self, workdir: str, save_interval: int, max_to_keep: int, ar_hf_config: dict | None = None):
+  def __init__(self, workdir: str, save_interval: int, max_to_keep: int, ar_hf_config: dict | None = None,
+               source_checkpoint_dir: str | None = None):
+    """`source_checkpoint_dir`: the converted folder the run's models come from ("" for a random
+    preset); recorded in source.json so the export can write a complete pipeline folder."""
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     os.makedirs(self.directory, exist_ok=True)
     if ar_hf_config is not None:
-      with open(os.path.join(self.directory, AR_CONFIG_FILE), "w") as f:
-        json.dump(ar_hf_config, f, indent=2, sort_keys=True)
+      write_json_atomic(os.path.join(self.directory, AR_CONFIG_FILE), ar_hf_config)
+    if source_checkpoint_dir is not None:
+      source = os.path.abspath(source_checkpoint_dir) if source_checkpoint_dir else ""
+      write_json_atomic(os.path.join(self.directory, SOURCE_FILE), {"checkpoint_dir": source})
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
@@ -57,9 +105,133 @@ class TrainCheckpointer:
     key = jax.random.wrap_key_data(restored.rng["key_data"], impl=jax.random.key_impl(abstract_rng_key))
     return restored.params, restored.opt_state, key, restored.meta
 
+  def restore_latest(self, abstract_params, abstract_opt_state, abstract_rng_key):
+    """(step, params, opt_state, key, meta) of the newest step that restores, or None without steps.
+
+    A step that fails to restore is logged (step, path, error) and the next older one is tried.
+    Once one restores, the newer unreadable steps are moved into `unreadable/` (kept for
+    inspection, never deleted): Orbax refuses to save a step number that exists or is older than
+    the latest, so left in place they would block every save up to their step. When no step
+    restores nothing is moved (a changed model or config fails on every step alike) and a
+    CheckpointError lists each step's error.
+    """
+    failures = []
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      path = self.step_path(step)
+      try:
+        with _ORPHANED_READS.restoring(path):
+          restored = self.restore(step, abstract_params, abstract_opt_state, abstract_rng_key)
+      except Exception as e:  # pylint: disable=broad-except  # whatever broke this step, older ones may read
+        summary = describe_failure(path, e)
+        logging.warning("checkpoint step %d at %s does not restore: %s", step, path, summary)
+        failures.append((step, summary))
+        continue
+      for bad, _ in failures:
+        moved = self._set_aside(bad)
+        logging.warning("moved unreadable checkpoint step %d to %s (nothing deleted); resuming from step %d "
+                        "at %s", bad, moved, step, path)
+      if failures:
+        self.manager.reload()
+      return (step, *restored)
+    if failures:
+      raise CheckpointError(
+          f"no checkpoint in {self.directory} restores (nothing was changed): "
+          + "; ".join(f"step {s}: {summary}" for s, summary in failures)
+          + f". Repair or move those step folders, or train in a new --workdir")
+    return None
+
+  def step_path(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def _set_aside(self, step: int) -> str:
+    """Moves a step folder into unreadable/ under a free name; returns where it went."""
+    aside = os.path.join(self.directory, UNREADABLE_DIR)
+    os.makedirs(aside, exist_ok=True)
+    dest, n = os.path.join(aside, str(step)), 1
+    while os.path.exists(dest):
+      n += 1
+      dest = os.path.join(aside, f"{step}.{n}")
+    os.rename(self.step_path(step), dest)
+    return dest
+
   def wait(self):
     self.manager.wait_until_finished()
 
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def describe_failure(step_path: str, error: BaseException) -> str:
+  """One line: the innermost error of the chain (TensorStore wraps the cause in a page-long spec),
+  plus the PyTree items whose _METADATA is missing (Orbax then reports only a pytree mismatch)."""
+  root, seen = error, {id(error)}
+  while True:  # the chain Python would print (`raise ... from None` ends it)
+    nxt = root.__cause__ or (None if root.__suppress_context__ else root.__context__)
+    if nxt is None or id(nxt) in seen:
+      break
+    seen.add(id(nxt))
+    root = nxt
+  lines = str(root).strip().splitlines()
+  summary = f"{type(root).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+  if len(summary) > _SUMMARY_CHARS:
+    summary = summary[:_SUMMARY_CHARS - 3] + "..."
+  missing = [os.path.join(item, "_METADATA") for item in ("params", "opt_state", "rng")
+             if os.path.isdir(os.path.join(step_path, item))
+             and not os.path.isfile(os.path.join(step_path, item, "_METADATA"))]
+  if missing:
+    summary = f"{', '.join(missing)} missing ({summary})"
+  return summary
+
+
+class _OrphanedReads:
+  """Drops the stray errors of a failed restore's orphaned reads.
+
+  Orbax closes its event loop on the first read error while TensorStore still completes the
+  step's other reads; each completion then fails to reach the closed loop, or its coroutine is
+  closed with the read error, or its future is collected unretrieved, and each prints a traceback
+  (hundreds of lines for one truncated file), before and after the step has been reported.
+  Dropped, while a restore runs or once one failed: 'Event loop is closed' errors (a live
+  restore's loop is open, so they come from a failed one) and the errors and asyncio log records
+  naming a step folder that is being restored or failed to. Anything else goes where it went
+  before (so nothing changes for a run whose restores succeed).
+  """
+
+  def __init__(self):
+    self.current: str | None = None  # the step folder being restored
+    self.failed: set[str] = set()
+    self.installed = False
+
+  @contextlib.contextmanager
+  def restoring(self, step_path: str):
+    self._install()
+    self.current = step_path.rstrip(os.sep) + os.sep
+    try:
+      yield
+    except BaseException:
+      self.failed.add(self.current)
+      raise
+    finally:
+      self.current = None
+
+  def _names_step(self, text: str) -> bool:
+    return any(p in text for p in (*self.failed, *([self.current] if self.current else [])))
+
+  def _install(self):
+    if self.installed:
+      return
+    self.installed = True
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+      exc = unraisable.exc_value
+      loop_closed = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+      if not ((loop_closed and (self.current or self.failed)) or self._names_step(str(exc))):
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    std_logging.getLogger("asyncio").addFilter(
+        lambda r: not self._names_step(r.getMessage() + str(r.exc_info[1] if r.exc_info else "")))
+
+
+_ORPHANED_READS = _OrphanedReads()

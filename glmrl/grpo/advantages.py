@@ -1,4 +1,8 @@
-"""Group-relative advantages (GRPO, Dr. GRPO, RLOO)."""
+"""Group-relative advantages (GRPO, Dr. GRPO, RLOO).
+
+One std convention throughout the project: the unbiased (ddof=1) standard deviation, as TRL and
+verl compute it (`torch.std`), here and in the per-reward normalisation of `glmrl.rewards`.
+"""
 
 import functools
 
@@ -6,21 +10,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from glmrl.grpo._checks import choice
+from glmrl.grpo._checks import choice, is_static
 
 SCALES = ("group", "batch", "none")
 ESTIMATORS = ("grpo", "rloo")
+# Default relative threshold below which a group's reward spread counts as rounding noise.
+STD_EPS = 1e-5
 
 
-def group_advantages(rewards, group_size, *, scale="group", estimator="grpo", eps=1e-6):
-  """Advantages of a flat reward vector whose consecutive `group_size` runs share a prompt.
-
-  estimator="grpo": r - group mean (DeepSeekMath, arXiv 2402.03300);
-  estimator="rloo": r - mean of the other samples of the group.
-  scale="group" divides by (unbiased group std + eps), "batch" by (unbiased std of
-  all rewards + eps), "none" leaves the centred value (Dr. GRPO). The scale
-  applies to either estimator. A group whose rewards are all equal gets exactly 0.
-  """
+def _check(rewards, group_size, std_eps):
   rewards = jnp.asarray(rewards)
   if rewards.ndim != 1:
     raise ValueError(f"rewards must be a flat [batch] array, got shape {tuple(rewards.shape)}")
@@ -31,23 +29,60 @@ def group_advantages(rewards, group_size, *, scale="group", estimator="grpo", ep
   if rewards.shape[0] % group_size:
     raise ValueError(
         f"number of rewards {rewards.shape[0]} is not divisible by group_size={group_size}")
+  if is_static(std_eps) and not 0.0 <= std_eps < 1.0:
+    raise ValueError(f"std_eps={std_eps} must be in [0, 1) (a fraction of the group's largest |reward|)")
+  return rewards
+
+
+def constant_groups(rewards, group_size, *, std_eps=STD_EPS):
+  """[G] bool: groups whose rewards are equal, or whose spread is rounding noise.
+
+  A group is near-constant when its unbiased std is at most std_eps * max|r| over the group: float
+  rounding is relative to the magnitude, and the group's own magnitude keeps the test local (a
+  prompt whose rewards sit at a large offset does not silence the other prompts). Exact equality
+  is checked on its own, since the std of equal floats can round to a small non-zero value.
+  """
+  rewards = _check(rewards, group_size, std_eps)
+  return _constant_groups(rewards.astype(jnp.float32).reshape(-1, int(group_size)), std_eps)
+
+
+def _constant_groups(r_GxN, std_eps):
+  scale_G = jnp.max(jnp.abs(r_GxN), axis=1)
+  std_G = jnp.std(r_GxN, axis=1, ddof=1)
+  equal_G = jnp.max(r_GxN, axis=1) == jnp.min(r_GxN, axis=1)
+  return equal_G | (std_G <= jnp.asarray(std_eps, jnp.float32) * scale_G)
+
+
+def group_advantages(rewards, group_size, *, scale="group", estimator="grpo", std_eps=STD_EPS):
+  """Advantages of a flat reward vector whose consecutive `group_size` runs share a prompt.
+
+  estimator="grpo": r - group mean (DeepSeekMath, arXiv 2402.03300);
+  estimator="rloo": r - mean of the other samples of the group.
+  scale="group" divides by the unbiased group std, "batch" by the unbiased std of all rewards,
+  "none" leaves the centred value (Dr. GRPO). The scale applies to either estimator. A constant
+  or near-constant group (`constant_groups`, threshold `std_eps`) gets exactly 0 under every scale:
+  dividing its rounding noise by its own tiny std would give it advantages of order one.
+  """
+  rewards = _check(rewards, group_size, std_eps)
   choice("scale", scale, SCALES)
   choice("estimator", estimator, ESTIMATORS)
-  return _group_advantages(rewards, int(group_size), scale, estimator, eps)
+  return _group_advantages(rewards, int(group_size), scale, estimator, std_eps)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _group_advantages(rewards, group_size, scale, estimator, eps):
+def _group_advantages(rewards, group_size, scale, estimator, std_eps):
   r_GxN = rewards.astype(jnp.float32).reshape(-1, group_size)
   centred_GxN = r_GxN - r_GxN.mean(axis=1, keepdims=True)
   if estimator == "rloo":
     # r_i - (sum - r_i) / (n - 1) == n / (n - 1) * (r_i - mean).
     centred_GxN = centred_GxN * (group_size / (group_size - 1))
+  constant_G1 = _constant_groups(r_GxN, std_eps)[:, None]
   if scale == "group":
-    centred_GxN = centred_GxN / (jnp.std(r_GxN, axis=1, ddof=1, keepdims=True) + eps)
+    std = jnp.std(r_GxN, axis=1, ddof=1, keepdims=True)
   elif scale == "batch":
-    centred_GxN = centred_GxN / (jnp.std(r_GxN, ddof=1) + eps)
-  # The mean of equal values need not round back to the value itself; pin such
-  # groups to exactly zero instead of a rounding residue.
-  constant_G1 = (r_GxN.max(axis=1, keepdims=True) == r_GxN.min(axis=1, keepdims=True))
-  return jnp.where(constant_G1, 0.0, centred_GxN).reshape(-1)
+    std = jnp.std(r_GxN, ddof=1)
+  else:
+    std = jnp.ones((), jnp.float32)
+  # Every non-constant group has std > 0; the guard only keeps 0/0 out of the discarded branch.
+  safe_std = jnp.where(std > 0, std, 1.0)
+  return jnp.where(constant_G1, 0.0, centred_GxN / safe_std).reshape(-1)

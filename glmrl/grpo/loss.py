@@ -1,5 +1,6 @@
-"""The clipped GRPO policy loss with optional KL to a reference policy."""
+"""The clipped GRPO policy loss with optional KL to a reference policy and truncated importance sampling."""
 
+import jax
 import jax.numpy as jnp
 
 from glmrl.grpo._checks import choice, is_static, same_shape
@@ -18,15 +19,34 @@ def kl_estimate(logp, ref_logp, kl):
   return jnp.exp(log_ratio) - log_ratio - 1.0
 
 
+def truncated_is_weights(old_logp, sampler_logp, cap):
+  """Per-token min(exp(old_logp - sampler_logp), cap), without gradient (truncated importance sampling).
+
+  old_logp are the learner's log-probs of the policy that sampled, sampler_logp the sampler's own
+  (a different kernel: KV-cache decode vs teacher forcing, which disagree in low precision). The
+  weight corrects the surrogate's expectation from the sampler's distribution to the learner's;
+  the cap bounds its variance (verl's and TRL's rollout importance sampling).
+  """
+  log_w = jnp.asarray(old_logp, jnp.float32) - jnp.asarray(sampler_logp, jnp.float32)
+  return jax.lax.stop_gradient(jnp.minimum(jnp.exp(log_w), jnp.asarray(cap, jnp.float32)))
+
+
 def policy_loss(logp, old_logp, advantages, mask, *, epsilon_low=0.2, epsilon_high=None,
                 ref_logp=None, beta=0.0, kl="k3", aggregation="seq_mean_token_mean",
-                max_tokens=None):
+                max_tokens=None, sampler_logp=None, tis_cap=0.0):
   """GRPO surrogate loss over [batch, tokens] log-probs; returns (loss, aux).
 
-  Per token: -min(r A, clip(r, 1 - epsilon_low, 1 + epsilon_high) A) with
+  Per token: -w min(r A, clip(r, 1 - epsilon_low, 1 + epsilon_high) A) with
   r = exp(logp - old_logp), plus beta * KL(pi || pi_ref) when beta != 0 and
-  ref_logp is given. aux["numerator"] / aux["denominator"] == loss, and both add
-  up across micro-batches (pass max_tokens for seq_mean_token_sum_norm).
+  ref_logp is given. w = 1, or with tis_cap > 0 the truncated importance weight
+  min(exp(old_logp - sampler_logp), tis_cap) (`truncated_is_weights`); like TRL it
+  weights the surrogate only, not the KL term.
+
+  A sequence whose mask is all zero is not part of the batch under any aggregation
+  (its tokens are in no numerator and it counts in no denominator): zeroing a
+  group's mask drops it from every term of the loss, exactly as if it had not
+  been sampled. aux["numerator"] / aux["denominator"] == loss, and both add up
+  across micro-batches (pass max_tokens for seq_mean_token_sum_norm).
   """
   logp, old_logp, mask = jnp.asarray(logp), jnp.asarray(old_logp), jnp.asarray(mask)
   advantages = jnp.asarray(advantages)
@@ -40,6 +60,14 @@ def policy_loss(logp, old_logp, advantages, mask, *, epsilon_low=0.2, epsilon_hi
   if ref_logp is not None:
     ref_logp = jnp.asarray(ref_logp)
     same_shape("ref_logp", ref_logp, "logp", logp)
+  use_tis = not (is_static(tis_cap) and tis_cap == 0)
+  if is_static(tis_cap) and not tis_cap >= 0:
+    raise ValueError(f"tis_cap={tis_cap} must be >= 0 (0 turns truncated importance sampling off)")
+  if use_tis:
+    if sampler_logp is None:
+      raise ValueError(f"tis_cap={tis_cap} needs sampler_logp (the sampler's log-probs of the tokens)")
+    sampler_logp = jnp.asarray(sampler_logp)
+    same_shape("sampler_logp", sampler_logp, "logp", logp)
   choice("kl", kl, KL_ESTIMATORS)
   choice("aggregation", aggregation, AGGREGATIONS)
   if epsilon_high is None:
@@ -60,11 +88,15 @@ def policy_loss(logp, old_logp, advantages, mask, *, epsilon_low=0.2, epsilon_hi
   logp_BxT, old_BxT = logp.astype(f32), old_logp.astype(f32)
   mask_BxT = mask.astype(f32)
   adv_Bx1 = advantages.astype(f32)[:, None]
-  batch, length = logp_BxT.shape
+  length = logp_BxT.shape[1]
 
   ratio_BxT = jnp.exp(logp_BxT - old_BxT)
   lo, hi = 1.0 - epsilon_low, 1.0 + epsilon_high
   surrogate_BxT = jnp.minimum(ratio_BxT * adv_Bx1, jnp.clip(ratio_BxT, lo, hi) * adv_Bx1)
+  if use_tis:
+    raw_w_BxT = jnp.exp(old_BxT - sampler_logp.astype(f32))
+    w_BxT = truncated_is_weights(old_BxT, sampler_logp, tis_cap)
+    surrogate_BxT = w_BxT * surrogate_BxT
   per_token_BxT = -surrogate_BxT
 
   use_kl = ref_logp is not None and not (is_static(beta) and beta == 0)
@@ -74,16 +106,17 @@ def policy_loss(logp, old_logp, advantages, mask, *, epsilon_low=0.2, epsilon_hi
 
   token_sum_B = jnp.sum(per_token_BxT * mask_BxT, axis=1)
   count_B = jnp.sum(mask_BxT, axis=1)
+  # Sequences in the batch: those with at least one token in the loss.
+  rows = jnp.sum((count_B > 0).astype(f32))
   if aggregation == "seq_mean_token_mean":
-    # A sequence without tokens contributes 0 (not NaN) but still counts in the batch.
     numerator = jnp.sum(jnp.where(count_B > 0, token_sum_B / jnp.maximum(count_B, 1.0), 0.0))
-    denominator = jnp.asarray(batch, f32)
+    denominator = rows
   elif aggregation == "token_mean":
     numerator = jnp.sum(token_sum_B)
     denominator = jnp.sum(count_B)
   else:
     numerator = jnp.sum(token_sum_B)
-    denominator = jnp.asarray(batch * (length if max_tokens is None else int(max_tokens)), f32)
+    denominator = rows * (length if max_tokens is None else int(max_tokens))
   loss = jnp.where(denominator > 0, numerator / jnp.maximum(denominator, 1e-30), 0.0)
 
   valid_BxT = mask_BxT > 0
@@ -103,5 +136,8 @@ def policy_loss(logp, old_logp, advantages, mask, *, epsilon_low=0.2, epsilon_hi
       "clip_frac_low": masked_mean(((ratio_BxT < lo) & (adv_Bx1 < 0)).astype(f32)),
       "clip_frac_high": masked_mean(((ratio_BxT > hi) & (adv_Bx1 > 0)).astype(f32)),
       "kl_mean": masked_mean(kl_BxT) if use_kl else jnp.zeros((), f32),
+      "tis_weight_mean": masked_mean(w_BxT) if use_tis else jnp.ones((), f32),
+      # Tokens whose importance weight the cap truncated.
+      "tis_capped_frac": masked_mean((raw_w_BxT > tis_cap).astype(f32)) if use_tis else jnp.zeros((), f32),
   }
   return loss, aux

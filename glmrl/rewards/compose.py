@@ -20,26 +20,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from glmrl.grpo import advantages as advantages_lib
 from glmrl.rewards import registry
 
 _ENTRY_KEYS = ("name", "weight", "normalize", "kwargs")
 
 
-def group_normalize(scores, group_size: int):
-  """Standardises scores[B] within consecutive groups (population std); constant groups give exactly 0."""
+def group_normalize(scores, group_size: int, std_eps=advantages_lib.STD_EPS):
+  """Standardises scores[B] within consecutive groups; constant and near-constant groups give exactly 0.
+
+  The same standardisation as the group advantages (`glmrl.grpo.group_advantages`, scale="group"):
+  unbiased std, and a group whose std is at most std_eps times its largest |score| counts as constant.
+  """
   if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size <= 0:
     raise ValueError(f"group_size={group_size!r} must be a positive integer")
   scores = jnp.asarray(scores, jnp.float32)
   if scores.ndim != 1 or scores.shape[0] % group_size:
     raise ValueError(f"scores of shape {scores.shape} is not a vector whose length is divisible by "
                      f"group_size={group_size}")
-  s_GxN = scores.reshape(-1, group_size)
-  centered_GxN = s_GxN - s_GxN.mean(axis=1, keepdims=True)
-  std_Gx1 = jnp.sqrt(jnp.square(centered_GxN).mean(axis=1, keepdims=True))
-  # max == min is exact, whereas mean/std of equal floats can leave rounding residue.
-  constant_Gx1 = s_GxN.max(axis=1, keepdims=True) == s_GxN.min(axis=1, keepdims=True)
-  safe_std_Gx1 = jnp.where(constant_Gx1, 1.0, std_Gx1)
-  return jnp.where(constant_Gx1, 0.0, centered_GxN / safe_std_Gx1).reshape(-1)
+  if group_size == 1:  # a group of one is constant
+    return jnp.zeros_like(scores)
+  return advantages_lib.group_advantages(scores, int(group_size), scale="group", estimator="grpo",
+                                         std_eps=std_eps)
 
 
 class RewardComposer:
@@ -133,13 +135,14 @@ class RewardComposer:
     return {e["name"]: np.asarray(e["fn"](images, prompts, metadata), np.float32)
             for e in self.entries if not e["reward"].pure_jax}
 
-  def combine(self, components: Mapping[str, Any]):
-    """Weighted sum of the components, each standardised per group first where configured."""
+  def combine(self, components: Mapping[str, Any], *, std_eps=advantages_lib.STD_EPS):
+    """Weighted sum of the components, each standardised per group first where configured
+    (`group_normalize`, near-constant threshold std_eps: the run's config.grpo.std_eps)."""
     total = 0.0
     for e in self.entries:
       s = jnp.asarray(components[e["name"]], jnp.float32)
       if e["normalize"]:
-        s = group_normalize(s, self.group_size)
+        s = group_normalize(s, self.group_size, std_eps)
       total = total + e["weight"] * s
     return total
 

@@ -41,14 +41,15 @@ class PipelineSpec:
   guidance_scale: float = 1.5
   share_noise_in_group: bool = True
   prompt_pad: int = 64   # prompt tokens are left-padded to a multiple of this
-  glyph_pad: int = 32    # glyph tokens are padded (and masked) to a multiple of this
+  glyph_pad: int = 32    # glyph tokens per prompt (all its quoted texts), fixed: one DiT program per run
+  glyph_texts: int = 4   # quoted texts per prompt in the glyph encoder's fixed batch
 
   def __post_init__(self):
     for name in ("height", "width"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0 or value % 32:
         raise ValueError(f"PipelineSpec.{name}={value!r} must be a positive multiple of 32 (one AR token per 32 px)")
-    for name in ("dit_steps", "prompt_pad", "glyph_pad"):
+    for name in ("dit_steps", "prompt_pad", "glyph_pad", "glyph_texts"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"PipelineSpec.{name}={value!r} must be a positive integer")
@@ -72,10 +73,6 @@ class Generated:
   sample: ar_sampler.SampleOutput  # [B, ...] tokens, log-probs, sequences
   images: jax.Array                # [B, H, W, 3] uint8
   latents: jax.Array               # [B, C, H/8, W/8] denoised
-
-
-def _round_up(n: int, multiple: int) -> int:
-  return -(-n // multiple) * multiple
 
 
 def check_prompts(prompts) -> tuple[str, ...]:
@@ -127,6 +124,17 @@ def check_source_images(source_images, num_prompts: int, height: int, width: int
                          "must have the target size")
       out[i, j] = im
   return out
+
+
+def check_glyph_fits(prompt: str, tokenizer, max_tokens: int, max_texts: int, where: str) -> None:
+  """UserError naming `where` when the prompt's quoted texts exceed the run's fixed glyph sizes."""
+  glyph = tokenize_glyph_texts([prompt], tokenizer)
+  n_texts, n_tokens = int(glyph.text_counts[0]), int(glyph.lengths[0])
+  if n_texts > max_texts:
+    raise UserError(f"{where}: {n_texts} quoted texts, more than config.data.max_glyph_texts={max_texts}")
+  if n_tokens > max_tokens:
+    raise UserError(f"{where}: its quoted texts take {n_tokens} glyph tokens, more than "
+                    f"config.data.max_glyph_tokens={max_tokens}")
 
 
 class GlmImagePipeline:
@@ -196,12 +204,12 @@ class GlmImagePipeline:
           f"{h // 32}x{w // 32} grid of one token per 32 px")
 
   def _glyph_tokens(self, prompts):
-    probe = tokenize_glyph_texts(prompts, self.glyph_tokenizer)
-    n_texts, length = probe.input_ids.shape
-    seq = probe.gather_mask.shape[1]
-    return tokenize_glyph_texts(prompts, self.glyph_tokenizer, pad_texts_to=_round_up(n_texts, len(prompts) * 2),
-                                pad_length_to=_round_up(length, self.spec.glyph_pad),
-                                pad_seq_to=_round_up(seq, self.spec.glyph_pad))
+    """Glyph tokens padded to the spec's fixed sizes, so a long quoted text never recompiles the DiT loop."""
+    for i, prompt in enumerate(prompts):
+      check_glyph_fits(prompt, self.glyph_tokenizer, self.spec.glyph_pad, self.spec.glyph_texts,
+                       where=f"prompt {i}")
+    return tokenize_glyph_texts(prompts, self.glyph_tokenizer, pad_texts_to=len(prompts) * self.spec.glyph_texts,
+                                pad_length_to=self.spec.glyph_pad, pad_seq_to=self.spec.glyph_pad)
 
   # ---------------------------------------------------------------- device side
   def ar_model(self, ar_params=None):

@@ -32,7 +32,7 @@ def update_spec(run, prompt_len: int, layout) -> step_lib.UpdateSpec:
       prompt_len=prompt_len, layout=layout, sampling=run.pipeline.spec.sampling,
       micro_batches=run.batch_size // micro, epsilon_low=float(cfg.grpo.epsilon_low),
       epsilon_high=float(cfg.grpo.epsilon_high), beta=float(cfg.grpo.beta), kl=cfg.grpo.kl,
-      aggregation=cfg.grpo.aggregation, remat=cfg.model.remat)
+      aggregation=cfg.grpo.aggregation, remat=cfg.model.remat, tis_cap=float(cfg.grpo.tis_cap))
 
 
 class Trainer:
@@ -44,21 +44,23 @@ class Trainer:
     run = self.run
     logging.info("trainable AR parameters: %d (frozen: %d)", setup_lib.num_params(run.trainable),
                  setup_lib.num_params(run.frozen))
-    self.tx, self.schedule = optimizer_lib.make_optimizer(config.optim, config.train.num_steps)
-    # Optimizer moments are float32 whatever the parameter dtype (bfloat16 params get float32 AdamW
-    # state), on the parameters' shardings (jit propagates them).
-    opt_state = jax.jit(lambda p: self.tx.init(jax.tree.map(lambda x: x.astype(jnp.float32), p)))(run.trainable)
-    # Step counters come out on one device: replicate them on the mesh with everything else.
-    replicated = jax.sharding.NamedSharding(run.mesh, jax.sharding.PartitionSpec())
-    self.opt_state = jax.device_put(opt_state, jax.tree.map(
-        lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else replicated, opt_state))
+    # The schedule counts updates: num_iterations of them per rollout step.
+    self.tx, self.schedule = optimizer_lib.make_optimizer(config.optim, config.train.num_steps,
+                                                          config.grpo.num_iterations)
+    # Optimizer state is float32 whatever the parameter dtype (bfloat16 params get a float32 master copy
+    # and float32 AdamW moments). jit gives zeros_like outputs no sharding of their own, so each moment /
+    # master leaf is placed like its parameter explicitly (step counters replicated).
+    init = functools.partial(optimizer_lib.init, self.tx)
+    self.opt_state = jax.jit(init, out_shardings=optimizer_lib.state_shardings(
+        jax.eval_shape(init, run.trainable), run.trainable, run.mesh))(run.trainable)
     self.params = run.trainable
     # The frozen reference policy: a copy of the initial parameters, only when the KL term is on.
     self.ref_params = jax.tree.map(jnp.copy, run.trainable) if config.grpo.beta > 0 else None
     self.root_key = jax.random.key(config.seed)
     self.step_index = 0
     self.checkpointer = TrainCheckpointer(workdir, config.checkpoint.save_interval, config.checkpoint.max_to_keep,
-                                          ar_hf_config=run.pipeline.configs.ar.to_hf())
+                                          ar_hf_config=run.pipeline.configs.ar.to_hf(),
+                                          source_checkpoint_dir=config.model.checkpoint_dir)
     self.writer = MetricsWriter(workdir)
     self.nonfinite_run = 0
     self.nonfinite_total = 0
@@ -67,13 +69,13 @@ class Trainer:
 
   # ------------------------------------------------------------- checkpoints
   def _restore(self):
-    latest = self.checkpointer.latest_step()
-    if latest is None:
-      return
     abstract = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), t)
     full_params = self._full_ar_params()
-    params, opt_state, key, meta = self.checkpointer.restore(latest, abstract(full_params),
-                                                             abstract(self.opt_state), self.root_key)
+    # The newest step that restores: an unreadable newer one is reported and set aside, not fatal.
+    restored = self.checkpointer.restore_latest(abstract(full_params), abstract(self.opt_state), self.root_key)
+    if restored is None:
+      return
+    _, params, opt_state, key, meta = restored
     self.params = _select(params, self.params)
     self.opt_state = opt_state
     self.root_key = key
@@ -95,18 +97,16 @@ class Trainer:
                                   force=force)
 
   # -------------------------------------------------------------- the step
-  def _fns(self, prompt_len: int, layout):
-    """The jitted log-prob and update functions of a prompt shape (one of each per run)."""
+  def _update_fn(self, prompt_len: int, layout):
+    """The jitted update of a prompt shape (one per run)."""
     key = (prompt_len, layout)
     if key not in self._compiled:
       spec = update_spec(self.run, prompt_len, layout)
-      logprob_fn = jax.jit(functools.partial(step_lib.rollout_logprobs, self.run.ar_graphdef, spec=spec))
       # The updated params and optimizer state keep the shardings the rules gave them.
       shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-      update_fn = step_lib.make_update(self.run.ar_graphdef, spec, self.tx, self.schedule,
-                                       param_shardings=shardings(self.params),
-                                       opt_shardings=shardings(self.opt_state))
-      self._compiled[key] = (logprob_fn, update_fn)
+      self._compiled[key] = step_lib.make_update(self.run.ar_graphdef, spec, self.tx, self.schedule,
+                                                 param_shardings=shardings(self.params),
+                                                 opt_shardings=shardings(self.opt_state))
     return self._compiled[key]
 
   def step(self) -> dict:
@@ -116,20 +116,28 @@ class Trainer:
     data_batch = next(run.iterator)
     # Keys derive from (seed, step): a resumed run draws what an uninterrupted one would.
     key = jax.random.fold_in(self.root_key, self.step_index)
-    rollout, (_, update_fn), images, total, timings, extra, prompts = rollout_lib.collect(
-        run, data_batch, key, self.params, self.ref_params, self._fns)
+    rollout, shape, images, total, timings, extra, prompts = rollout_lib.collect(run, data_batch, key, self.params)
+    update_fn = self._update_fn(*shape)
     t1 = time.perf_counter()
     # A non-finite reward makes the advantages and loss non-finite, and the update skips itself; the
     # step reads whether it did only with the logged scalars (no extra host round trip).
-    metrics, skips = {}, []
+    per_iter = []
     for it in range(cfg.grpo.num_iterations):
-      self.params, self.opt_state, m = update_fn(self.params, run.frozen, self.opt_state, rollout)
+      self.params, self.opt_state, m, (old_logp, ref_logp) = update_fn(
+          self.params, run.frozen, self.opt_state, rollout, self.ref_params, it == 0)
       if it == 0:
-        # On-policy check: the first iteration's ratio is exactly 1.
-        metrics.update({f"first_iter/{k}": m[k] for k in ("ratio/mean", "ratio/min", "ratio/max")})
-      metrics.update(m)
-      skips.append(m["skipped"])
-    metrics["skipped"] = jnp.max(jnp.stack(skips))
+        # The first update computed the old (and reference) log-probs; the later ones read them.
+        rollout = rollout.replace(old_logp=old_logp, ref_logp=ref_logp)
+        extra.update(rollout_lib.logprob_metrics(rollout.sampler_logp, old_logp,
+                                                 forced_end=run.pipeline.spec.sampling.constrain_to_codebook))
+      per_iter.append(m)
+    # Unprefixed: the last update; first_iter/: the first (on-policy: its ratio is exactly 1);
+    # iter<k>/: every update when there are several.
+    metrics = dict(per_iter[-1])
+    metrics.update({f"first_iter/{k}": v for k, v in per_iter[0].items()})
+    if len(per_iter) > 1:
+      metrics.update({f"iter{i}/{k}": v for i, m in enumerate(per_iter) for k, v in m.items()})
+    metrics["skipped"] = jnp.max(jnp.stack([m["skipped"] for m in per_iter]))
     scalars = jax.device_get({**extra, **metrics})
     t2 = time.perf_counter()
 

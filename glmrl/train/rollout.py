@@ -1,7 +1,8 @@
 """One GRPO rollout: sample groups of images, score them, and turn the scores into advantages.
 
-Everything stays on device between the sampler, the decoder, pure-JAX rewards, the advantages
-and the old log-probs; only host-side rewards (e.g. JPEG size) fetch the images.
+Everything stays on device between the sampler, the decoder, pure-JAX rewards and the advantages;
+only host-side rewards (e.g. JPEG size) fetch the images. The learner's old log-probs are not
+computed here: the first update computes them (`glmrl.train.step`).
 """
 
 from __future__ import annotations
@@ -18,18 +19,39 @@ from glmrl.train import step as step_lib
 
 
 @functools.partial(jax.jit, static_argnames=("composer", "group_size", "scale", "estimator", "drop_constant"))
-def score(host_components, images, metadata, *, composer, group_size, scale, estimator, drop_constant):
-  """Rewards -> (total [B], components, advantages [B], row mask [B], zero-variance group fraction)."""
+def score(host_components, images, metadata, std_eps, *, composer, group_size, scale, estimator, drop_constant):
+  """Rewards -> (total [B], components, advantages [B], row mask [B], zero-variance group fraction).
+
+  "Zero variance" is `grpo.constant_groups` with threshold std_eps: the groups whose advantages are
+  exactly 0, and the ones `drop_constant` removes from the loss.
+  """
   components = dict(composer.jax_scores(images, metadata))
   components.update(host_components)
-  total = composer.combine(components)
-  advantages = grpo.group_advantages(total, group_size, scale=scale, estimator=estimator)
-  r_GxN = total.reshape(-1, group_size)
-  constant_G = jnp.max(r_GxN, axis=1) == jnp.min(r_GxN, axis=1)
+  total = composer.combine(components, std_eps=std_eps)
+  advantages = grpo.group_advantages(total, group_size, scale=scale, estimator=estimator, std_eps=std_eps)
+  constant_G = grpo.constant_groups(total, group_size, std_eps=std_eps)
   keep_B = jnp.ones_like(total)
   if drop_constant:
     keep_B = jnp.repeat(1.0 - constant_G.astype(jnp.float32), group_size)
   return total, components, advantages, keep_B, jnp.mean(constant_G.astype(jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("forced_end",))
+def logprob_metrics(sampler_logp, old_logp, *, forced_end: bool) -> dict:
+  """Rollout-level scalars of the learner's old log-probs [B, N] (from the first update).
+
+  forced_end: the last generated token is the end token by rule (log-prob 0 under both); it is no
+  sample of the policy and stays out of the entropy estimate.
+  """
+  sampled_BxN = old_logp[:, :-1] if forced_end else old_logp
+  return {
+      # The sampler's log-probs vs the learner's recomputation of the same policy: their kernels differ
+      # (KV-cache decode vs teacher forcing), equal up to float rounding in float32 but not in bfloat16;
+      # `grpo.tis_cap` corrects for the difference.
+      "logprob/sampler_vs_recomputed_max_abs": jnp.max(jnp.abs(sampler_logp - old_logp)),
+      # Monte-Carlo estimate of the sampling distribution's per-token entropy, E[-log p].
+      "policy/entropy": -jnp.mean(sampled_BxN),
+  }
 
 
 def reward_metadata(host_meta: dict) -> dict:
@@ -53,11 +75,12 @@ def host_metadata(batch_metadata: dict, group_size: int) -> dict:
               [x for x in v for _ in range(group_size)]) for k, v in batch_metadata.items()}
 
 
-def collect(run, data_batch, key, trainable, ref_params, fns_for):
+def collect(run, data_batch, key, trainable):
   """Samples, decodes and scores one batch.
 
-  `fns_for(prompt_len, layout)` gives the run's jitted (log-prob, update) functions for the
-  sample's static shape. Returns (Rollout, fns, images, total reward, timings, metrics, prompts).
+  Returns (Rollout, (prompt_len, layout), images, total reward, timings, metrics, prompts). The
+  Rollout's old_logp (and ref_logp when the KL term is on) hold the sampler's log-probs as
+  placeholders of the right shape: the first update ignores them and returns the real ones.
   """
   cfg, g = run.config, run.group_size
   t0 = time.perf_counter()
@@ -82,26 +105,19 @@ def collect(run, data_batch, key, trainable, ref_params, fns_for):
     host_components = {k: jnp.asarray(v) for k, v in
                        run.composer.host_scores(np.asarray(images), prompts, host_meta).items()}
   total, components, advantages, keep_B, zero_var = score(
-      host_components, images, metadata, composer=run.composer, group_size=g, scale=cfg.grpo.scale,
-      estimator=cfg.grpo.estimator, drop_constant=cfg.grpo.drop_zero_variance_groups)
+      host_components, images, metadata, float(cfg.grpo.std_eps), composer=run.composer, group_size=g,
+      scale=cfg.grpo.scale, estimator=cfg.grpo.estimator, drop_constant=cfg.grpo.drop_zero_variance_groups)
   jax.block_until_ready(total)
   t2 = time.perf_counter()
 
   mask = keep_B[:, None] * token_mask(sample.layout, cfg.grpo.loss_tokens)[None, :]
-  partial = step_lib.Rollout(sample.sequence_ids, sample.positions, sample.valid, sample.logprobs, advantages,
-                             mask)
-  # Old (and reference) log-probs from the same function the update differentiates.
-  fns = fns_for(sample.prompt_len, sample.layout)
-  logprob_fn = fns[0]
-  old_logp = logprob_fn(trainable, run.frozen, partial)
-  ref_logp = logprob_fn(ref_params, run.frozen, partial) if ref_params is not None else None
-  rollout = partial.replace(old_logp=old_logp, ref_logp=ref_logp)
+  placeholder = sample.logprobs
+  rollout = step_lib.Rollout(
+      sequence_ids=sample.sequence_ids, positions=sample.positions, valid=sample.valid,
+      sampler_logp=sample.logprobs, old_logp=placeholder, advantages=advantages, mask=mask,
+      ref_logp=placeholder if cfg.grpo.beta > 0 else None)
   extra = {
       "reward/zero_variance_group_frac": zero_var,
-      # The sampler's own log-probs vs the recomputation: equal on-policy up to float rounding.
-      "logprob/sampler_vs_recomputed_max_abs": jnp.max(jnp.abs(sample.logprobs - old_logp)),
-      # Monte-Carlo estimate of the sampling distribution's per-token entropy, E[-log p].
-      "policy/entropy": -jnp.mean(old_logp),
       "advantage/mean": jnp.mean(advantages),
       "advantage/std": jnp.std(advantages),
       "reward/mean": jnp.mean(total),
@@ -111,4 +127,4 @@ def collect(run, data_batch, key, trainable, ref_params, fns_for):
     extra[f"reward/{name}/mean"] = jnp.mean(s)
     extra[f"reward/{name}/std"] = jnp.std(s)
   timings = {"rollout": t1 - t0, "reward": t2 - t1}
-  return rollout, fns, images, total, timings, extra, prompts
+  return rollout, (sample.prompt_len, sample.layout), images, total, timings, extra, prompts

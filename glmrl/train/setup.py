@@ -21,7 +21,7 @@ from glmrl.models.ar import tokenizer as word_tokenizer
 from glmrl.models.ar.prompt import PromptProcessor
 from glmrl.rewards import RewardComposer
 from glmrl.sampling.logprobs import SamplingConfig
-from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec
+from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_glyph_fits
 
 # The AR model's parts that GRPO trains; the vision encoder and VQ stay frozen.
 TRAINABLE = nnx.All(nnx.Param, nnx.Not(nnx.Any(nnx.PathContains("visual"), nnx.PathContains("vq"))))
@@ -76,7 +76,8 @@ def pipeline_spec(config) -> PipelineSpec:
   return PipelineSpec(height=config.data.height, width=config.data.width, sampling=sampling_config(config),
                       dit_steps=config.sampling.dit_steps, guidance_scale=float(config.sampling.guidance_scale),
                       share_noise_in_group=config.sampling.share_noise_in_group,
-                      prompt_pad=config.data.max_prompt_tokens, glyph_pad=config.data.max_glyph_tokens)
+                      prompt_pad=config.data.max_prompt_tokens, glyph_pad=config.data.max_glyph_tokens,
+                      glyph_texts=config.data.max_glyph_texts)
 
 
 def load_records(config):
@@ -154,8 +155,11 @@ def build(config) -> Run:
   composer = reward_composer(config, mesh)
   configs = model_configs(config)
   processor, glyph_tokenizer = processors(config, configs, [r.prompt for r in records + eval_records])
-  check_prompt_lengths(processor, records, config.data.prompts_file, config)
-  check_prompt_lengths(processor, eval_records, config.eval.prompts_file, config)
+  for path, recs in ((config.data.prompts_file, records), (config.eval.prompts_file, eval_records)):
+    check_prompt_lengths(processor, recs, path, config)
+    for r in recs:
+      check_glyph_fits(r.prompt, glyph_tokenizer, config.data.max_glyph_tokens, config.data.max_glyph_texts,
+                       where=f"{path}:{r.line}")
   iterator = PromptIterator(records, prompts_per_step=config.data.prompts_per_step, seed=config.seed,
                             height=config.data.height, width=config.data.width)
 

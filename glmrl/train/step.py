@@ -1,8 +1,11 @@
 """The GRPO policy update: one jitted function, micro-batched with exact loss accumulation.
 
-The log-probs come from `glmrl.sampling.logprobs.token_logprobs`, the same function (same
-positions, temperature and token filtering) that records the old log-probs, so the
-importance ratio of the first iteration is exactly 1.
+There is no separate old-log-prob pass. The first update of a rollout (`first=True`) takes
+old = stop_gradient(new) inside its own micro-batch loss: its ratio is exp(0) = 1 exactly, for
+every dtype, mesh and micro-batch size, and a forward of the model per step is saved. It returns
+those log-probs (and, with the KL term, the reference policy's, computed by the same function on the
+same micro-batches), and later iterations (`first=False`) read them: old and new log-probs come
+from the same program on the same shapes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from flax import struct
 from glmrl import grpo
 from glmrl.models.ar.prompt import GenerationLayout
 from glmrl.sampling.logprobs import SamplingConfig, token_logprobs
+from glmrl.train import optimizer as optimizer_lib
 
 
 @struct.dataclass
@@ -27,10 +31,11 @@ class Rollout:
   sequence_ids: jax.Array  # [B, S] prompt + generated tokens
   positions: jax.Array     # [3, B, S]
   valid: jax.Array         # [B, S] False on left padding
-  old_logp: jax.Array      # [B, N] log-probs of the generated tokens when sampled (same function)
+  sampler_logp: jax.Array  # [B, N] the sampler's own log-probs of the generated tokens
+  old_logp: jax.Array      # [B, N] the learner's, before the first update (read from the second iteration on)
   advantages: jax.Array    # [B]
   mask: jax.Array          # [B, N] 1 for tokens in the loss, 0 for dropped groups
-  ref_logp: jax.Array | None = None  # [B, N] under the frozen initial policy (only when beta > 0)
+  ref_logp: jax.Array | None = None  # [B, N] under the frozen initial policy (beta > 0; as old_logp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +52,7 @@ class UpdateSpec:
   aggregation: str
   logprob_chunk: int = 256
   remat: bool = False
+  tis_cap: float = 0.0
 
 
 def rollout_logprobs(graphdef, params, frozen, rollout: Rollout, spec: UpdateSpec) -> jax.Array:
@@ -56,13 +62,17 @@ def rollout_logprobs(graphdef, params, frozen, rollout: Rollout, spec: UpdateSpe
                         layout=spec.layout, cfg=spec.sampling, chunk_size=spec.logprob_chunk, remat=spec.remat)
 
 
-def _micro_loss(params, graphdef, frozen, mb: Rollout, spec: UpdateSpec):
+def _micro_loss(params, graphdef, frozen, mb: Rollout, first, spec: UpdateSpec):
   logp = rollout_logprobs(graphdef, params, frozen, mb, spec)
-  max_tokens = mb.old_logp.shape[1] if spec.aggregation == "seq_mean_token_sum_norm" else None
+  # The policy that sampled is `params` itself on the first iteration: its log-probs are these very
+  # values (no second evaluation that could round differently), held constant.
+  old_logp = jnp.where(first, jax.lax.stop_gradient(logp), mb.old_logp)
+  max_tokens = logp.shape[1] if spec.aggregation == "seq_mean_token_sum_norm" else None
   _, aux = grpo.policy_loss(
-      logp, mb.old_logp, mb.advantages, mb.mask, epsilon_low=spec.epsilon_low, epsilon_high=spec.epsilon_high,
-      ref_logp=mb.ref_logp, beta=spec.beta, kl=spec.kl, aggregation=spec.aggregation, max_tokens=max_tokens)
-  return aux["numerator"], aux
+      logp, old_logp, mb.advantages, mb.mask, epsilon_low=spec.epsilon_low, epsilon_high=spec.epsilon_high,
+      ref_logp=mb.ref_logp, beta=spec.beta, kl=spec.kl, aggregation=spec.aggregation, max_tokens=max_tokens,
+      sampler_logp=mb.sampler_logp, tis_cap=spec.tis_cap)
+  return aux["numerator"], (aux, old_logp)
 
 
 def _split_micro(tree, m: int):
@@ -76,61 +86,76 @@ def _split_micro(tree, m: int):
   return jax.tree_util.tree_map_with_path(one, tree)
 
 
-def update(graphdef, params, frozen, opt_state, rollout: Rollout, *, spec: UpdateSpec,
-           tx: optax.GradientTransformation, schedule):
-  """One optimizer step on the rollout; returns (params, opt_state, metrics).
+# Token-weighted means of the micro-batches (summed as mean x tokens, divided by all tokens at the end).
+_MEAN_STATS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean", "tis_weight_mean", "tis_capped_frac")
 
-  The gradient of loss = sum(numerator) / sum(denominator) is accumulated over micro-batches
-  as sum(grad numerator) / sum(denominator), which equals the full-batch gradient exactly
-  (the denominators do not depend on the parameters). A non-finite loss or gradient
-  leaves params and optimizer state untouched and reports `skipped = 1`.
+
+def accumulate_gradients(graphdef, params, frozen, rollout: Rollout, ref_params, first, *, spec: UpdateSpec):
+  """Summed float32 gradient of the loss numerators over the micro-batches, and the loss statistics.
+
+  Returns (grads_sum, stats, old_logp [B, N], ref_logp [B, N] or None). Whatever the parameter dtype,
+  the sum runs in float32: micro-batch gradients of bfloat16 params added in bfloat16 lose the
+  smaller micro-batches' contributions to rounding. With `first`, old_logp are the log-probs this
+  forward computed (and ref_logp those of `ref_params`, by the same function on the same
+  micro-batch); otherwise the rollout's, passed through.
   """
   grad_fn = jax.grad(_micro_loss, has_aux=True)
   micro = _split_micro(rollout, spec.micro_batches)
-  n_tokens = jnp.sum(rollout.mask > 0)
+  use_ref = ref_params is not None and rollout.ref_logp is not None
 
   def body(carry, mb):
     grads_acc, stats = carry
-    grads, aux = grad_fn(params, graphdef, frozen, mb, spec)
+    ref_logp = None
+    if use_ref:
+      ref_logp = jax.lax.cond(
+          first, lambda: jax.lax.stop_gradient(rollout_logprobs(graphdef, ref_params, frozen, mb, spec)),
+          lambda: mb.ref_logp)
+      mb = mb.replace(ref_logp=ref_logp)
+    grads, (aux, old_logp) = grad_fn(params, graphdef, frozen, mb, first, spec)
     tokens = jnp.sum(mb.mask > 0).astype(jnp.float32)
-    stats = {
-        "numerator": stats["numerator"] + aux["numerator"],
-        "denominator": stats["denominator"] + aux["denominator"],
-        # Token-weighted sums of the per-micro-batch token means.
-        "ratio_mean": stats["ratio_mean"] + aux["ratio_mean"] * tokens,
-        "clip_frac_low": stats["clip_frac_low"] + aux["clip_frac_low"] * tokens,
-        "clip_frac_high": stats["clip_frac_high"] + aux["clip_frac_high"] * tokens,
-        "kl_mean": stats["kl_mean"] + aux["kl_mean"] * tokens,
-        "ratio_min": jnp.minimum(stats["ratio_min"], aux["ratio_min"]),
-        "ratio_max": jnp.maximum(stats["ratio_max"], aux["ratio_max"]),
-    }
-    return (jax.tree.map(jnp.add, grads_acc, grads), stats), None
+    new_stats = {k: stats[k] + aux[k] * tokens for k in _MEAN_STATS}
+    new_stats.update(
+        numerator=stats["numerator"] + aux["numerator"], denominator=stats["denominator"] + aux["denominator"],
+        ratio_min=jnp.minimum(stats["ratio_min"], aux["ratio_min"]),
+        ratio_max=jnp.maximum(stats["ratio_max"], aux["ratio_max"]))
+    grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
+    return (grads_acc, new_stats), (old_logp, ref_logp)
 
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  init = {k: jnp.zeros((), jnp.float32) for k in
-          ("numerator", "denominator", "ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")}
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+  init = {k: jnp.zeros((), jnp.float32) for k in _MEAN_STATS + ("numerator", "denominator")}
   init.update(ratio_min=jnp.array(jnp.inf, jnp.float32), ratio_max=jnp.array(-jnp.inf, jnp.float32))
-  (grads_sum, stats), _ = jax.lax.scan(body, (zeros, init), micro)
+  (grads_sum, stats), (old_MxBxN, ref_MxBxN) = jax.lax.scan(body, (zeros, init), micro)
+  merge = lambda x_MxBxN: None if x_MxBxN is None else x_MxBxN.reshape(-1, x_MxBxN.shape[-1])
+  return grads_sum, stats, merge(old_MxBxN), merge(ref_MxBxN)
 
+
+def update(graphdef, params, frozen, opt_state, rollout: Rollout, ref_params=None, first=True, *,
+           spec: UpdateSpec, tx: optax.GradientTransformation, schedule):
+  """One optimizer step on the rollout; returns (params, opt_state, metrics, (old_logp, ref_logp)).
+
+  `first`: this is the rollout's first update (old log-probs = this forward's; see the module
+  docstring). The gradient of loss = sum(numerator) / sum(denominator) is accumulated over
+  micro-batches as sum(grad numerator) / sum(denominator), which equals the full-batch gradient
+  exactly (the denominators do not depend on the parameters). A non-finite loss or gradient leaves
+  params and optimizer state untouched and reports `skipped = 1`.
+  """
+  grads_sum, stats, old_logp, ref_logp = accumulate_gradients(graphdef, params, frozen, rollout, ref_params,
+                                                              first, spec=spec)
   denominator = jnp.maximum(stats["denominator"], 1e-30)
   grads = jax.tree.map(lambda g: g / denominator, grads_sum)
   loss = stats["numerator"] / denominator
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
-  def apply(_):
-    updates, new_opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), new_opt_state
-
-  new_params, new_opt_state = jax.lax.cond(finite, apply, lambda _: (params, opt_state), None)
-  per_token = jnp.maximum(n_tokens, 1).astype(jnp.float32)
+  new_params, new_opt_state = jax.lax.cond(
+      finite, lambda: optimizer_lib.apply(tx, grads, opt_state, params), lambda: (params, opt_state))
+  per_token = jnp.maximum(jnp.sum(rollout.mask > 0), 1).astype(jnp.float32)
   metrics = {
       "loss": loss,
       "grad_norm": grad_norm,
       "skipped": 1.0 - finite.astype(jnp.float32),
-      # The learning rate this update used (the schedule's own step counter).
-      "learning_rate": schedule(optax.tree_utils.tree_get(
-          opt_state, "count", filtering=lambda path, _: path[-1].tuple_name == "ScaleByScheduleState")),
+      # The learning rate this update used (the schedule's own update counter).
+      "learning_rate": schedule(optimizer_lib.update_count(opt_state)),
       "ratio/mean": stats["ratio_mean"] / per_token,
       "ratio/min": stats["ratio_min"],
       "ratio/max": stats["ratio_max"],
@@ -138,13 +163,20 @@ def update(graphdef, params, frozen, opt_state, rollout: Rollout, *, spec: Updat
       "clip/high_frac": stats["clip_frac_high"] / per_token,
       "kl": stats["kl_mean"] / per_token,
   }
-  return new_params, new_opt_state, metrics
+  if spec.tis_cap:
+    metrics["tis/weight_mean"] = stats["tis_weight_mean"] / per_token
+    metrics["tis/capped_frac"] = stats["tis_capped_frac"] / per_token
+  return new_params, new_opt_state, metrics, (old_logp, ref_logp)
 
 
 def make_update(graphdef, spec: UpdateSpec, tx, schedule, *, param_shardings=None, opt_shardings=None):
-  """`update` jitted once for the run, with the replaced params and optimizer state donated."""
+  """`update` jitted once for the run, with the replaced params and optimizer state donated.
+
+  Called as fn(params, frozen, opt_state, rollout, ref_params, first); `first` is a traced bool, so
+  the first and the later iterations of a rollout share one compiled program.
+  """
   fn = functools.partial(update, graphdef, spec=spec, tx=tx, schedule=schedule)
   out_shardings = None
   if param_shardings is not None:
-    out_shardings = (param_shardings, opt_shardings, None)
+    out_shardings = (param_shardings, opt_shardings, None, None)
   return jax.jit(fn, donate_argnums=(0, 2), out_shardings=out_shardings)

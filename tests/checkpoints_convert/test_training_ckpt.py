@@ -73,3 +73,28 @@ def test_unknown_step(run, tmp_path):
   root, _ = run
   with pytest.raises(ValueError, match=r"--step 7 .*available steps: \[1, 2\]"):
     flax_to_hf.export(str(root / "workdir"), str(tmp_path / "hf"), step=7, log=lambda s: None)
+
+
+def test_run_without_source_record_says_the_folder_is_incomplete(run, tmp_path, capsys):
+  root, _ = run  # written without source.json, as runs before it was recorded
+  result = flax_to_hf.export(str(root / "workdir"), str(tmp_path / "hf"))
+  assert result["complete"] is False
+  assert "source.json is missing" in result["incomplete_reason"]
+  assert "--source_dir=" in result["incomplete_reason"]
+  assert "is not a complete pipeline folder" in capsys.readouterr().out
+
+
+def test_source_dir_of_another_generator(run, tiny_released, tmp_path):
+  root, _ = run  # ARConfig.tiny(); the released-layout folder holds the tiny preset's larger vocabulary
+  _, converted = tiny_released
+  with pytest.raises(ValueError, match=r"describes a different generator than the trained one .*text"):
+    flax_to_hf.export(str(root / "workdir"), str(tmp_path / "hf"), source_dir=str(converted), log=lambda s: None)
+  assert not (tmp_path / "hf").exists()  # checked before anything is written
+
+
+def test_source_dir_must_be_a_converted_folder(run, tmp_path, capsys):
+  root, _ = run
+  assert main(["--to_hf", f"--ckpt_dir={root / 'workdir'}", f"--hf_out_dir={tmp_path / 'hf'}",
+               f"--source_dir={tmp_path}"]) == 1
+  err = capsys.readouterr().err
+  assert f"source checkpoint '{tmp_path}' (--source_dir) is not a converted GLM-Image folder" in err

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from glmrl.grpo import policy_loss
+from glmrl.grpo import policy_loss, truncated_is_weights
 from tests.grpo import reference
 
 AGGREGATIONS = ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
@@ -57,7 +57,8 @@ def test_on_policy_ratio_is_one_and_loss_is_minus_advantage():
   loss, aux = policy_loss(logp, logp, adv, mask, aggregation="seq_mean_token_mean")
   assert aux["ratio_min"] == 1.0 and aux["ratio_max"] == 1.0
   has_tokens = mask.sum(1) > 0
-  np.testing.assert_allclose(loss, -np.sum(adv * has_tokens) / len(adv), rtol=1e-6)
+  # The sequence without tokens is not in the batch: the mean runs over the other three.
+  np.testing.assert_allclose(loss, -np.sum(adv * has_tokens) / has_tokens.sum(), rtol=1e-6)
 
 
 @pytest.mark.parametrize("adv,log_ratio,clipped", [
@@ -127,6 +128,75 @@ def test_bfloat16_inputs_compute_in_float32():
   np.testing.assert_allclose(loss, reference.aggregate(per_tok, mask, "seq_mean_token_mean"), rtol=1e-5)
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_masked_out_sequences_are_as_if_absent(aggregation):
+  """Zeroing a group's mask (drop_zero_variance_groups) removes it from every term, KL and IS weights
+  included: the loss equals that of the batch without its rows."""
+  logp, old, ref, adv, mask = make_batch(11, B=6, T=5)
+  mask[1] = 1.0
+  sampler = old + np.random.default_rng(12).normal(0, 0.3, old.shape).astype(np.float32)
+  kw = dict(ref_logp=ref, beta=0.1, aggregation=aggregation, sampler_logp=sampler, tis_cap=2.0)
+  dropped = mask.copy()
+  dropped[2:4] = 0.0
+  keep = np.array([0, 1, 4, 5])
+  loss, aux = policy_loss(logp, old, adv, dropped, **kw)
+  sub_kw = dict(kw, ref_logp=ref[keep], sampler_logp=sampler[keep])
+  want, want_aux = policy_loss(logp[keep], old[keep], adv[keep], mask[keep], **sub_kw)
+  np.testing.assert_allclose(loss, want, rtol=1e-6)
+  for k in ("ratio_mean", "kl_mean", "tis_weight_mean"):
+    np.testing.assert_allclose(aux[k], want_aux[k], rtol=1e-6, err_msg=k)
+  per_tok, _ = reference.per_token_loss(logp[keep], old[keep], adv[keep], 0.2, 0.2, ref[keep], 0.1, "k3",
+                                        sampler[keep], 2.0)
+  np.testing.assert_allclose(loss, reference.aggregate(per_tok, mask[keep], aggregation), rtol=1e-5)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("cap", [1.2, 2.0, 10.0])
+def test_truncated_is_matches_reference(aggregation, cap):
+  logp, old, ref, adv, mask = make_batch(13)
+  # Sampler log-probs up to 0.8 nats off the learner's: weights from ~0.45 to ~2.2, some above each cap.
+  sampler = old + np.random.default_rng(14).uniform(-0.8, 0.8, old.shape).astype(np.float32)
+  loss, aux = policy_loss(logp, old, adv, mask, epsilon_low=0.2, epsilon_high=0.28, ref_logp=ref, beta=0.05,
+                          aggregation=aggregation, sampler_logp=sampler, tis_cap=cap)
+  per_tok, _ = reference.per_token_loss(logp, old, adv, 0.2, 0.28, ref, 0.05, "k3", sampler, cap)
+  np.testing.assert_allclose(loss, reference.aggregate(per_tok, mask, aggregation), rtol=1e-5, atol=1e-7)
+  raw = np.exp(old.astype(np.float64) - sampler)[mask > 0]
+  np.testing.assert_allclose(aux["tis_weight_mean"], np.minimum(raw, cap).mean(), rtol=1e-5)
+  np.testing.assert_allclose(aux["tis_capped_frac"], np.mean(raw > cap), atol=1e-7)
+  if cap == 1.2:
+    assert 0 < aux["tis_capped_frac"] < 1
+  # Off (cap 0) is the plain loss, whatever the sampler's log-probs.
+  plain, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.05, aggregation=aggregation,
+                         epsilon_low=0.2, epsilon_high=0.28)
+  off, off_aux = policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.05, aggregation=aggregation,
+                             epsilon_low=0.2, epsilon_high=0.28, sampler_logp=sampler, tis_cap=0.0)
+  assert off == plain and off_aux["tis_weight_mean"] == 1.0
+
+
+@pytest.mark.parametrize("log_w,cap,weight", [(0.5, 2.0, np.exp(0.5)), (0.5, 1.2, 1.2), (-0.7, 2.0, np.exp(-0.7))])
+def test_truncated_is_golden_value_and_gradient(log_w, cap, weight):
+  """One token: loss -w r A with w = min(exp(old - sampler), cap); d/dlogp = -w r A, and no gradient
+  flows into the sampler's log-probs (the weight is a constant)."""
+  old, adv, log_ratio = -1.0, 1.5, 0.1
+  fn = lambda lp, sp: policy_loss(lp, jnp.full((1, 1), old), jnp.array([adv]), jnp.ones((1, 1)),
+                                  epsilon_low=0.2, epsilon_high=0.3, sampler_logp=sp, tis_cap=cap)[0]
+  logp, sampler = jnp.full((1, 1), old + log_ratio), jnp.full((1, 1), old - log_w)
+  np.testing.assert_allclose(fn(logp, sampler), -weight * np.exp(log_ratio) * adv, rtol=1e-6)
+  g_logp, g_sampler = jax.grad(fn, argnums=(0, 1))(logp, sampler)
+  np.testing.assert_allclose(g_logp[0, 0], -weight * np.exp(log_ratio) * adv, rtol=1e-6)
+  assert g_sampler[0, 0] == 0.0
+  h = 1e-6
+  f = lambda lr: reference.per_token_loss([[old + lr]], [[old]], [adv], 0.2, 0.3, sampler=[[old - log_w]],
+                                          tis_cap=cap)[0][0, 0]
+  np.testing.assert_allclose(g_logp[0, 0], (f(log_ratio + h) - f(log_ratio - h)) / (2 * h), rtol=1e-4)
+
+
+def test_truncated_is_weights_golden():
+  w = truncated_is_weights(jnp.array([-1.0, -2.0, -0.5]), jnp.array([-1.5, -1.0, -0.5]), 2.0)
+  np.testing.assert_allclose(w, [np.exp(0.5), np.exp(-1.0), 1.0], rtol=1e-6)
+  np.testing.assert_allclose(truncated_is_weights(jnp.array([0.0]), jnp.array([-3.0]), 2.0), [2.0])
+
+
 def test_empty_mask_gives_zero_not_nan():
   logp, old, _, adv, _ = make_batch()
   for aggregation in AGGREGATIONS:
@@ -154,3 +224,9 @@ def test_errors():
     policy_loss(logp, old, adv, mask, max_tokens=8)
   with pytest.raises(ValueError, match="max_tokens=0"):
     policy_loss(logp, old, adv, mask, aggregation="seq_mean_token_sum_norm", max_tokens=0)
+  with pytest.raises(ValueError, match="tis_cap=-1.0 must be >= 0"):
+    policy_loss(logp, old, adv, mask, sampler_logp=old, tis_cap=-1.0)
+  with pytest.raises(ValueError, match="tis_cap=2.0 needs sampler_logp"):
+    policy_loss(logp, old, adv, mask, tis_cap=2.0)
+  with pytest.raises(ValueError, match=r"sampler_logp has shape \(4, 5\)"):
+    policy_loss(logp, old, adv, mask, sampler_logp=old[:, :5], tis_cap=2.0)

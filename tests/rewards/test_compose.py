@@ -7,6 +7,7 @@ import pytest
 
 from glmrl import rewards
 from glmrl.rewards import RewardComposer, group_normalize
+from tests.grpo import reference
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 SEEN_PROMPTS = []
@@ -47,11 +48,12 @@ def batch():
 
 
 def _ref_group_normalize(x, n):
+  """Unbiased std, the convention of the group advantages (tests/grpo/reference.py)."""
   x = np.asarray(x, np.float64).reshape(-1, n)
   out = np.zeros_like(x)
   for g, row in enumerate(x):
     if not np.all(row == row[0]):
-      out[g] = (row - row.mean()) / row.std()
+      out[g] = (row - row.mean()) / row.std(ddof=1)
   return out.reshape(-1)
 
 
@@ -59,7 +61,12 @@ def test_group_normalize_golden_and_constant_groups():
   x = np.array([1.0, 2.0, 3.0, 6.0, 0.1, 0.1, 0.1, 0.1, 1e6 + 0.1, 1e6 + 0.1, 1e6 + 0.1, 1e6 + 0.1], np.float32)
   got = np.asarray(group_normalize(x, 4))
   np.testing.assert_allclose(got, _ref_group_normalize(x, 4), **TOL)
-  np.testing.assert_allclose(got[:4], np.array([-2, -1, 0, 3]) / np.sqrt(3.5), **TOL)
+  np.testing.assert_allclose(got[:4], np.array([-2, -1, 0, 3]) / np.sqrt(14 / 3), **TOL)
+  # The same standardisation as the advantages: one std convention, and rounding noise is no signal.
+  np.testing.assert_allclose(got, reference.advantages(x, 4), **TOL)
+  noisy = np.array([0.5, 0.50000006, 0.49999997, 0.5], np.float32)
+  assert np.all(np.asarray(group_normalize(noisy, 4)) == 0.0)
+  assert np.any(np.asarray(group_normalize(noisy, 4, std_eps=0.0)) != 0.0)
   assert np.all(got[4:] == 0.0)
   jitted = jax.jit(lambda s: group_normalize(s, 4))(jnp.asarray(x))
   np.testing.assert_array_equal(jitted, got)

@@ -34,6 +34,7 @@ from glmrl.models.dit import GlmImageDiT
 from glmrl.models.glyph.t5 import T5Encoder
 from glmrl.models.vae import AutoencoderKL
 from glmrl.sampling import decode
+from glmrl.sampling import pipeline as pipeline_lib
 from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec
 from tests import torch_port
 
@@ -223,3 +224,36 @@ def test_preset_condition_grid_lines_up(preset, sizes):
   for h, w in sizes:
     rh, rw = image_processing.smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels)
     assert (rh // cfg.patch_size, rw // cfg.patch_size) == (h // 32, w // 32)
+
+
+# ---------------------------------------------------------------------------------------- glyph shapes
+
+
+def test_glyph_lengths_never_recompile_the_decoder(setup):
+  """Prompts with quoted texts of different lengths and counts run on one compiled denoise+decode program."""
+  _, pipe = setup
+  spec = dataclasses.replace(pipe.spec, glyph_pad=32, glyph_texts=3)
+  fixed = GlmImagePipeline(pipe.configs, pipe.models, pipe.processor, pipe.glyph_tokenizer, spec)
+  batches = [("a sign says 'hi'", "a red house"), ("a sign says 'hello there'", "a 'cat' and a 'dog' say 'hi'"),
+             ("a tree", "a blue cat"), ("'a' 'b' 'c'", "'d' 'e'")]
+  glyph_fn = pipeline_lib._encode_glyph_fn(pipe.models["glyph"][0])
+  compiled, lengths = [], []
+  for i, prompts in enumerate(batches):
+    out = fixed(prompts, jax.random.key(i), samples_per_prompt=1)
+    assert out.images.shape == (2, H, W, 3)
+    lengths.append(tuple(fixed.prepare(prompts).glyph.lengths))
+    compiled.append((decode.denoise_and_decode._cache_size(), glyph_fn._cache_size()))
+  assert len(set(lengths)) == 4  # the batches really differ in glyph lengths (and in numbers of texts)
+  assert len(set(compiled)) == 1, compiled  # nothing compiled after the first batch
+
+
+@pytest.mark.parametrize("prompt, match", [
+    ("a sign says 'hello there, how are you'", r"prompt 0: its quoted texts take \d+ glyph tokens, more than "
+                                               r"config.data.max_glyph_tokens=8"),
+    ("'a' 'b' 'c' 'd' 'e'", r"prompt 0: 5 quoted texts, more than config.data.max_glyph_texts=4"),
+])
+def test_glyph_text_beyond_the_fixed_size_is_an_error(bare, prompt, match):
+  spec = dataclasses.replace(bare.spec, glyph_pad=8, glyph_texts=4)
+  pipe = GlmImagePipeline(bare.configs, {}, bare.processor, ByT5Tokenizer(), spec)
+  with pytest.raises(ValueError, match=match):
+    pipe.prepare([prompt])

@@ -25,14 +25,33 @@ def main():
   data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
   config = tiny_config(mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor, train__micro_batch_size=4)
   trainer = loop.Trainer(config, args.workdir)
+  layout = {"init": state_layout(trainer)}
   steps = [trainer.step() for _ in range(2)]
+  layout["after_steps"] = state_layout(trainer)
   shardings = {str(s.spec) for s in jax.tree.leaves(jax.tree.map(lambda x: x.sharding, trainer.params))}
   leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(trainer.params)]
   trainer.close()
   json.dump({"devices": jax.device_count(), "steps": [{k: float(v) for k, v in s.items()} for s in steps],
              "param_sum": float(sum(x.sum() for x in leaves)),
              "param_abs_sum": float(sum(np.abs(x).sum() for x in leaves)),
-             "shardings": sorted(shardings)}, sys.stdout)
+             "shardings": sorted(shardings), "layout": layout}, sys.stdout)
+
+
+def state_layout(trainer) -> dict:
+  """Bytes on device 0 of the params and the optimizer state, and the state leaves not sharded like
+  their parameter (by glmrl.train.optimizer.state_shardings' path rule)."""
+  import jax
+
+  from glmrl.train import optimizer
+
+  def dev0_bytes(tree):
+    return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device.id == 0)
+
+  want = optimizer.state_shardings(trainer.opt_state, trainer.params, trainer.run.mesh)
+  wrong = [str(x.sharding.spec) for x, w in zip(jax.tree.leaves(trainer.opt_state), jax.tree.leaves(want))
+           if not x.sharding.is_equivalent_to(w, x.ndim)]
+  return {"params_dev0": dev0_bytes(trainer.params), "opt_state_dev0": dev0_bytes(trainer.opt_state),
+          "opt_leaves_not_like_params": wrong}
 
 
 if __name__ == "__main__":

@@ -52,10 +52,15 @@ def test_full_size_train_state_shapes():
   graphdef, trainable, frozen = nnx.split(model, setup.TRAINABLE, ...)
   n_trainable, n_frozen = setup.num_params(trainable), setup.num_params(frozen)
   assert n_trainable + n_frozen == 10_114_245_632
-  tx, schedule = optimizer.make_optimizer(c.optim, c.train.num_steps)
-  opt_state = jax.eval_shape(tx.init, trainable)
+  tx, schedule = optimizer.make_optimizer(c.optim, c.train.num_steps, c.grpo.num_iterations)
+  opt_state = jax.eval_shape(lambda p: optimizer.init(tx, p), trainable)
   # AdamW keeps two float32 moments per trained parameter.
   assert setup.num_params(opt_state) == 2 * n_trainable + 2  # + the two step counters
+  # bfloat16 parameters add their float32 master copy (README: memory per parameter).
+  trainable16 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16), trainable)
+  opt_state16 = jax.eval_shape(lambda p: optimizer.init(tx, p), trainable16)
+  assert setup.num_params(opt_state16) == 3 * n_trainable + 2
+  assert {x.dtype for x in jax.tree.leaves(opt_state16)} == {jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)}
 
   layout = GenerationLayout.for_size(c.data.height, c.data.width, text_to_image=True)
   n, prompt_len, batch = layout.num_new_tokens, c.data.max_prompt_tokens, c.train.micro_batch_size
@@ -63,14 +68,16 @@ def test_full_size_train_state_shapes():
   sds = jax.ShapeDtypeStruct
   rollout = step_lib.Rollout(
       sequence_ids=sds((batch, prompt_len + n), jnp.int32), positions=sds((3, batch, prompt_len + n), jnp.int32),
-      valid=sds((batch, prompt_len + n), bool), old_logp=sds((batch, n), jnp.float32),
+      valid=sds((batch, prompt_len + n), bool), sampler_logp=sds((batch, n), jnp.float32),
+      old_logp=sds((batch, n), jnp.float32),
       advantages=sds((batch,), jnp.float32), mask=sds((batch, n), jnp.float32))
   spec = step_lib.UpdateSpec(prompt_len=prompt_len, layout=layout, sampling=setup.sampling_config(c),
                              micro_batches=1, epsilon_low=0.2, epsilon_high=0.28, beta=0.0, kl="k3",
                              aggregation="seq_mean_token_mean", remat=True)
-  new_params, new_opt, metrics = jax.eval_shape(
-      lambda p, f, o, r: step_lib.update(graphdef, p, f, o, r, spec=spec, tx=tx, schedule=schedule),
+  new_params, new_opt, metrics, (old_logp, _) = jax.eval_shape(
+      lambda p, f, o, r: step_lib.update(graphdef, p, f, o, r, None, True, spec=spec, tx=tx, schedule=schedule),
       trainable, frozen, opt_state, rollout)
+  assert old_logp.shape == (batch, n) and old_logp.dtype == jnp.float32
   assert jax.tree.map(lambda a: (a.shape, a.dtype), new_params) == jax.tree.map(lambda a: (a.shape, a.dtype),
                                                                                  trainable)
   assert metrics["loss"].shape == ()

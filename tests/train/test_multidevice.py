@@ -34,3 +34,13 @@ def test_one_device_equals_eight(tmp_path):
     np.testing.assert_allclose(b["loss"], a["loss"], atol=1e-5)
   np.testing.assert_allclose(eight["param_sum"], one["param_sum"], rtol=1e-4)
   np.testing.assert_allclose(eight["param_abs_sum"], one["param_abs_sum"], rtol=1e-4)
+
+
+def test_optimizer_state_is_sharded_like_the_parameters(tmp_path):
+  """fsdp=4 x tensor=2: each device holds its share of the AdamW moments, not all of them (before and after
+  updates)."""
+  out = run(8, "1,4,2", tmp_path / "fsdp4_tensor2")
+  for when, layout in out["layout"].items():
+    assert layout["opt_leaves_not_like_params"] == [], when
+    # Two float32 moments per float32 parameter; only the step counters (a few bytes) are replicated.
+    assert layout["opt_state_dev0"] <= 2 * layout["params_dev0"] + 64, (when, layout)

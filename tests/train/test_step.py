@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from glmrl.train import loop
+from glmrl.train import optimizer as optimizer_lib
 from glmrl.train import step as step_lib
 from tests.train.common import tiny_config
 
@@ -24,11 +25,19 @@ def test_one_step(trainer):
   before = jax.tree.map(np.asarray, trainer.params)
   scalars = trainer.step()
   assert trainer.step_index == 1
-  # The old log-probs come from the update's own function: the first ratio is exactly 1.
+  # The first update's old log-probs are its own forward's: the first ratio is exactly 1.
   assert scalars["first_iter/ratio/min"] == 1.0 and scalars["first_iter/ratio/max"] == 1.0
   # The second of the two policy iterations sees the policy the first one moved.
   assert scalars["ratio/min"] < 1.0 < scalars["ratio/max"]
   assert scalars["logprob/sampler_vs_recomputed_max_abs"] < 1e-5
+  # Every iteration is logged; unprefixed keys are the last one's.
+  assert scalars["iter0/ratio/max"] == 1.0 and scalars["iter1/ratio/max"] == scalars["ratio/max"]
+  # The schedule advanced once per update: 4 steps x 2 iterations = 8 updates, warmup 2 steps = 4 updates.
+  lr = [scalars["iter0/learning_rate"], scalars["iter1/learning_rate"]]
+  np.testing.assert_allclose(lr, [1e-3 / 4, 2e-3 / 4], rtol=1e-6)
+  # The first and the second iteration ran one compiled program (`first` is traced, not static).
+  (update_fn,) = trainer._compiled.values()
+  assert update_fn._cache_size() == 1
   assert np.isfinite(scalars["loss"]) and scalars["grad_norm"] > 0 and scalars["skipped"] == 0
   for key in ("reward/mean", "reward/std", "reward/brightness/mean", "advantage/mean", "clip/low_frac",
               "policy/entropy", "learning_rate", "time/rollout", "throughput/tokens_per_s"):
@@ -41,33 +50,46 @@ def test_one_step(trainer):
 
 
 def test_micro_batches_give_the_full_batch_update(trainer):
-  """Two micro-batches accumulate to exactly the one-batch gradient (float32, 1e-6 relative)."""
+  """Two micro-batches accumulate to exactly the one-batch gradient (float32, 1e-6 relative), on the
+  first iteration (old log-probs from the forward) and on a later one (old log-probs given)."""
   run = trainer.run
   data_batch = next(run.iterator)
-  rollout, *_ = loop.rollout_lib.collect(run, data_batch, jax.random.key(7), trainer.params,
-                                                         None, trainer._fns)
-  (prompt_len, layout), = trainer._compiled  # the run's one compiled shape
+  rollout, (prompt_len, layout), *_ = loop.rollout_lib.collect(run, data_batch, jax.random.key(7), trainer.params)
   results = []
   for micro in (1, 2):
     spec = dataclasses.replace(loop.update_spec(run, prompt_len, layout), micro_batches=micro)
-    fn = jax.jit(lambda p, f, o, r, spec=spec: step_lib.update(run.ar_graphdef, p, f, o, r, spec=spec,
-                                                                tx=trainer.tx, schedule=trainer.schedule))
-    params, _, metrics = fn(trainer.params, run.frozen, trainer.opt_state, rollout)
-    results.append((params, metrics))
-  (p1, m1), (p2, m2) = results
-  np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6, atol=1e-8)
-  np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-5)
+    fn = jax.jit(lambda p, f, o, r, first, spec=spec: step_lib.update(
+        run.ar_graphdef, p, f, o, r, None, first, spec=spec, tx=trainer.tx, schedule=trainer.schedule))
+    params, opt_state, m_first, (old_logp, _) = fn(trainer.params, run.frozen, trainer.opt_state, rollout, True)
+    assert m_first["ratio/min"] == 1.0 and m_first["ratio/max"] == 1.0
+    first_params = jax.tree.map(np.asarray, params)
+    _, _, m_later, _ = fn(params, run.frozen, opt_state, rollout.replace(old_logp=old_logp), False)
+    assert m_later["ratio/min"] < 1.0 < m_later["ratio/max"]
+    results.append((old_logp, first_params, m_first, m_later))
+  # Parameters are compared after the first update only: AdamW's second step divides by the root of the
+  # squared gradients, which turns rounding-level differences of near-zero gradients into full steps.
+  (o1, p1, f1, l1), (o2, p2, f2, l2) = results
+  np.testing.assert_allclose(o1, o2, rtol=1e-6, atol=1e-6)
+  for a, b in ((f1, f2), (l1, l2)):
+    np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(a["grad_norm"], b["grad_norm"], rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p1, p2)
 
 
 def test_bfloat16_params_and_compute(tmp_path):
-  """Parameters stored in bfloat16 with bfloat16 compute train a finite step (log-probs stay float32)."""
+  """Parameters stored in bfloat16 with bfloat16 compute train a finite step (log-probs stay float32); the
+  optimizer holds their float32 master copy, of which the bfloat16 parameters are the rounding."""
   trainer = loop.Trainer(tiny_config(model__param_dtype="bfloat16", model__compute_dtype="bfloat16",
                                      model__remat=True), str(tmp_path))
   try:
     assert {x.dtype for x in jax.tree.leaves(trainer.params)} == {np.dtype("bfloat16")}
+    assert isinstance(trainer.opt_state, optimizer_lib.MasterWeights)
     scalars = trainer.step()
     assert np.isfinite(scalars["loss"]) and scalars["skipped"] == 0 and scalars["grad_norm"] > 0
-    assert scalars["first_iter/ratio/max"] == 1.0
+    assert scalars["first_iter/ratio/min"] == 1.0 and scalars["first_iter/ratio/max"] == 1.0
+    master = trainer.opt_state.params
+    assert {x.dtype for x in jax.tree.leaves(master)} == {np.dtype("float32")}
+    jax.tree.map(lambda m, p: np.testing.assert_array_equal(np.asarray(m.astype(p.dtype)), np.asarray(p)),
+                 master, trainer.params)
   finally:
     trainer.close()
