@@ -47,13 +47,14 @@ def group_normalize(scores, group_size: int, std_eps=advantages_lib.STD_EPS):
 class RewardComposer:
   """Scores a batch with several rewards: `(images, prompts, metadata) -> (total[B], {name: scores[B]})`."""
 
-  def __init__(self, config: Sequence[Any], *, group_size: int | None = None):
+  def __init__(self, config: Sequence[Any], *, group_size: int | None = None, std_eps=advantages_lib.STD_EPS):
     if isinstance(config, (str, bytes)) or not isinstance(config, Sequence) or not config:
       raise ValueError(f"reward config {config!r} must be a non-empty list of {{name, weight}} entries")
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer))
                                    or group_size <= 0):
       raise ValueError(f"group_size={group_size!r} must be a positive integer or None")
     self.group_size = None if group_size is None else int(group_size)
+    self.std_eps = float(std_eps)  # near-constant threshold of the per-group normalisation (grpo.std_eps)
     self.entries = tuple(self._parse_entry(i, e) for i, e in enumerate(config))
     seen = [e["name"] for e in self.entries]
     dupes = sorted({n for n in seen if seen.count(n) > 1})
@@ -135,14 +136,14 @@ class RewardComposer:
     return {e["name"]: np.asarray(e["fn"](images, prompts, metadata), np.float32)
             for e in self.entries if not e["reward"].pure_jax}
 
-  def combine(self, components: Mapping[str, Any], *, std_eps=advantages_lib.STD_EPS):
+  def combine(self, components: Mapping[str, Any], *, std_eps=None):
     """Weighted sum of the components, each standardised per group first where configured
     (`group_normalize`, near-constant threshold std_eps: the run's config.grpo.std_eps)."""
     total = 0.0
     for e in self.entries:
       s = jnp.asarray(components[e["name"]], jnp.float32)
       if e["normalize"]:
-        s = group_normalize(s, self.group_size, std_eps)
+        s = group_normalize(s, self.group_size, self.std_eps if std_eps is None else std_eps)
       total = total + e["weight"] * s
     return total
 

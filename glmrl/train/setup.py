@@ -123,7 +123,7 @@ def reward_composer(config, mesh) -> RewardComposer:
   if config.normalize_rewards_per_group:
     entries = [dict(e, normalize=True) for e in entries]
   with default_sharding(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())):
-    return RewardComposer(entries, group_size=config.grpo.group_size)
+    return RewardComposer(entries, group_size=config.grpo.group_size, std_eps=config.grpo.std_eps)
 
 
 def check_prompt_lengths(processor, records, path, config) -> None:

@@ -163,3 +163,14 @@ def test_call_errors(batch):
     composer(images, prompts, metadata)
   with pytest.raises(ValueError, match="images must be uint8"):
     composer(images.astype(np.float32), prompts, metadata)
+
+
+def test_composer_normalises_with_the_runs_std_eps():
+  """The run's grpo.std_eps reaches evaluation's composer too: a near-constant group is constant or not by it."""
+  components = {"brightness": jnp.asarray([1.0, 1.0 + 1e-4, 2.0, 3.0], jnp.float32)}
+  entries = [{"name": "brightness", "weight": 1.0, "normalize": True}]
+  loose = np.asarray(RewardComposer(entries, group_size=2, std_eps=1e-3).combine(components))
+  tight = np.asarray(RewardComposer(entries, group_size=2, std_eps=1e-6).combine(components))
+  np.testing.assert_array_equal(loose[:2], [0.0, 0.0])
+  np.testing.assert_allclose(tight[:2], [-2 ** -0.5, 2 ** -0.5], rtol=1e-2)
+  np.testing.assert_allclose(loose[2:], tight[2:])
