@@ -76,14 +76,27 @@ def _micro_loss(params, graphdef, frozen, mb: Rollout, first, spec: UpdateSpec):
 
 
 def _split_micro(tree, m: int):
-  """[B, ...] -> [m, B/m, ...] (positions [3, B, S] -> [m, 3, B/m, S])."""
+  """[B, ...] -> [m, B/m, ...] strided: micro-batch i holds rows i, i + m, i + 2m, ... (positions
+  [3, B, S] -> [m, 3, B/m, S]).
+
+  The batch is sharded over data x fsdp in contiguous row blocks; strided micro-batches take rows from
+  every block, so each spans every device and the scan slices it in place (contiguous ones would each
+  sit on a few devices and be re-gathered every iteration).
+  """
   def one(path, x):
     if x is None:
       return None
     if path and getattr(path[-1], "name", None) == "positions":
-      return jnp.moveaxis(x.reshape(3, m, -1, x.shape[-1]), 1, 0)
-    return x.reshape(m, -1, *x.shape[1:])
+      return jnp.moveaxis(x.reshape(3, -1, m, x.shape[-1]), 2, 0)
+    return jnp.moveaxis(x.reshape(-1, m, *x.shape[1:]), 1, 0)
   return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def _merge_micro(x_MxBxN):
+  """The inverse of `_split_micro` for a [m, B/m, N] result: rows back in batch order."""
+  if x_MxBxN is None:
+    return None
+  return jnp.moveaxis(x_MxBxN, 0, 1).reshape(-1, x_MxBxN.shape[-1])
 
 
 # Token-weighted means of the micro-batches (summed as mean x tokens, divided by all tokens at the end).
@@ -125,8 +138,7 @@ def accumulate_gradients(graphdef, params, frozen, rollout: Rollout, ref_params,
   init = {k: jnp.zeros((), jnp.float32) for k in _MEAN_STATS + ("numerator", "denominator")}
   init.update(ratio_min=jnp.array(jnp.inf, jnp.float32), ratio_max=jnp.array(-jnp.inf, jnp.float32))
   (grads_sum, stats), (old_MxBxN, ref_MxBxN) = jax.lax.scan(body, (zeros, init), micro)
-  merge = lambda x_MxBxN: None if x_MxBxN is None else x_MxBxN.reshape(-1, x_MxBxN.shape[-1])
-  return grads_sum, stats, merge(old_MxBxN), merge(ref_MxBxN)
+  return grads_sum, stats, _merge_micro(old_MxBxN), _merge_micro(ref_MxBxN)
 
 
 def update(graphdef, params, frozen, opt_state, rollout: Rollout, ref_params=None, first=True, *,

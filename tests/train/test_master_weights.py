@@ -89,10 +89,9 @@ def test_gradients_accumulate_in_float32(setup):
                                                           spec=spec)[0])
   total = fn(params16, rollout)
   assert {x.dtype for x in jax.tree.leaves(total)} == {np.dtype("float32")}
-  rows = rollout.mask.shape[0] // 4
   parts = []
-  for i in range(4):
-    only_i = jnp.zeros_like(rollout.mask).at[i * rows:(i + 1) * rows].set(rollout.mask[i * rows:(i + 1) * rows])
+  for i in range(4):  # micro-batch i holds rows i, i + 4, ... (strided)
+    only_i = jnp.zeros_like(rollout.mask).at[i::4].set(rollout.mask[i::4])
     parts.append(flat(fn(params16, rollout.replace(mask=only_i))))
   want = np.sum(parts, axis=0)
   got = flat(total)
