@@ -31,6 +31,7 @@ def test_image_to_image_trains_past_step_two_with_evaluation(tmp_path):
 
 
 SMALL = ("--config.data.height=64", "--config.data.width=64", "--config.sampling.dit_steps=2",
+         "--config.sampling.decode_batch=2",
          "--config.grpo.group_size=2", "--config.data.prompts_per_step=2", "--config.train.micro_batch_size=2",
          "--config.checkpoint.save_interval=2", "--config.log.image_interval=1")
 

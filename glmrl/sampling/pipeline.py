@@ -43,16 +43,18 @@ class PipelineSpec:
   prompt_pad: int = 64   # prompt tokens are left-padded to a multiple of this
   glyph_pad: int = 32    # glyph tokens per prompt (all its quoted texts), fixed: one DiT program per run
   glyph_texts: int = 4   # quoted texts per prompt in the glyph encoder's fixed batch
+  decode_batch: int = 0  # samples per denoise+decode call (bounds its activations); 0: the whole batch
 
   def __post_init__(self):
     for name in ("height", "width"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0 or value % 32:
         raise ValueError(f"PipelineSpec.{name}={value!r} must be a positive multiple of 32 (one AR token per 32 px)")
-    for name in ("dit_steps", "prompt_pad", "glyph_pad", "glyph_texts"):
+    for name in ("dit_steps", "prompt_pad", "glyph_pad", "glyph_texts", "decode_batch"):
       value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"PipelineSpec.{name}={value!r} must be a positive integer")
+      low = 0 if name == "decode_batch" else 1
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"PipelineSpec.{name}={value!r} must be an integer >= {low}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,16 +277,40 @@ class GlmImagePipeline:
                                      prior_PxNxM.reshape(p, n, -1))
 
   def decode_tokens(self, prepared: Prepared, target_BxHxW, latents, group_size: int, source_cache=None):
-    """Denoise from `latents` conditioned on the target-grid tokens and decode: (uint8 images, latents)."""
+    """Denoise from `latents` conditioned on the target-grid tokens and decode: (uint8 images, latents).
+
+    The batch is decoded in chunks of `spec.decode_batch` samples by one compiled program (the
+    attention of a 1024^2 DiT step over a whole rollout would not fit); rows do not interact, so the
+    result is the whole batch's. Each chunk is re-spread over the mesh's batch axes.
+    """
     glyph, mask, neg, neg_mask = self.glyph_embeddings(prepared, group_size)
     cond = decode.Conditioning(decode.upsample_prior_tokens(target_BxHxW), glyph, mask, neg, neg_mask)
     b = target_BxHxW.shape[0]
     target_size = jnp.tile(jnp.array([[self.spec.height, self.spec.width]], jnp.float32), (b, 1))
+    crop = jnp.zeros((b, 2), jnp.float32)
+    chunk = self.spec.decode_batch or b
+    if b % chunk or (chunk % group_size and group_size % chunk):
+      raise UserError(f"config.sampling.decode_batch={chunk} must divide the batch of {b} samples and divide or "
+                      f"be a multiple of the group size {group_size} (a chunk reads whole condition-image slots)")
     dit_def, dit_params = self.models["dit"]
     vae_def, vae_params = self.models["vae"]
-    return decode.denoise_and_decode(dit_def, dit_params, vae_def, vae_params, cond, latents,
-                                     self.model_timesteps, self.sigmas, self.spec.guidance_scale, target_size,
-                                     jnp.zeros((b, 2), jnp.float32), source_cache)
+    images, out_latents = [], []
+    for start in range(0, b, chunk):
+      rows = slice(start, start + chunk)
+      part = lambda x, axis=0: self.shard_batch(jax.lax.slice_in_dim(x, rows.start, rows.stop, axis=axis), axis)
+      cache = None
+      if source_cache is not None:  # slot i serves the group_size rows of prompt i
+        first, last = start // group_size, -(-(start + chunk) // group_size)
+        cache = jax.tree.map(lambda x, axis: jax.lax.slice_in_dim(x, first, last, axis=axis), source_cache,
+                             type(source_cache)(k=1, v=1, valid=0))
+      im, lat = decode.denoise_and_decode(dit_def, dit_params, vae_def, vae_params, jax.tree.map(part, cond),
+                                          part(latents), self.model_timesteps, self.sigmas,
+                                          self.spec.guidance_scale, part(target_size), part(crop), cache)
+      images.append(im)
+      out_latents.append(lat)
+    if len(images) == 1:
+      return images[0], out_latents[0]
+    return jnp.concatenate(images), jnp.concatenate(out_latents)
 
   def __call__(self, prompts, key, samples_per_prompt: int = 1, source_images=None, ar_params=None) -> Generated:
     if isinstance(samples_per_prompt, bool) or not isinstance(samples_per_prompt, (int, np.integer)) \

@@ -64,6 +64,10 @@ def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
     raise UserError(f"config.train.micro_batch_size={micro} does not divide the global batch {batch}")
   if micro % (data * fsdp):
     raise UserError(f"config.train.micro_batch_size={micro} does not divide over data x fsdp = {data * fsdp}")
+  chunk, g = config.sampling.decode_batch, config.grpo.group_size
+  if chunk and (batch % chunk or (chunk % g and g % chunk) or chunk % (data * fsdp)):
+    raise UserError(f"config.sampling.decode_batch={chunk} must divide the global batch {batch}, divide or be a "
+                    f"multiple of config.grpo.group_size={g}, and split over data x fsdp = {data * fsdp}")
 
 
 def sampling_config(config) -> SamplingConfig:
@@ -77,7 +81,7 @@ def pipeline_spec(config) -> PipelineSpec:
                       dit_steps=config.sampling.dit_steps, guidance_scale=float(config.sampling.guidance_scale),
                       share_noise_in_group=config.sampling.share_noise_in_group,
                       prompt_pad=config.data.max_prompt_tokens, glyph_pad=config.data.max_glyph_tokens,
-                      glyph_texts=config.data.max_glyph_texts)
+                      glyph_texts=config.data.max_glyph_texts, decode_batch=config.sampling.decode_batch)
 
 
 def load_records(config):

@@ -257,3 +257,34 @@ def test_glyph_text_beyond_the_fixed_size_is_an_error(bare, prompt, match):
   pipe = GlmImagePipeline(bare.configs, {}, bare.processor, ByT5Tokenizer(), spec)
   with pytest.raises(ValueError, match=match):
     pipe.prepare([prompt])
+
+
+@pytest.mark.parametrize("chunk", [1, GROUP])
+def test_decode_in_chunks_equals_the_whole_batch(setup, chunk):
+  """Image-to-image (so each chunk must read its prompts' condition-image slots): chunks of one sample and
+  of one group give the whole batch's latents (1e-5, float32; batch sizes change XLA's blocking) and images
+  (within 1 uint8 level)."""
+  _, pipe = setup
+  sources = _images(0)
+  prepared = pipe.prepare(PROMPTS, sources)
+  b = len(PROMPTS) * GROUP
+  rng = np.random.default_rng(2)
+  latents = jnp.asarray(rng.normal(size=(b, pipe.configs.dit.in_channels, H // 8, W // 8)).astype(np.float32))
+  target = jnp.asarray(rng.integers(0, pipe.configs.ar.vq.num_embeddings, size=(b, H // 32, W // 32)), jnp.int32)
+  cache = pipe.source_cache(prepared)
+  whole_images, whole_latents = pipe.decode_tokens(prepared, target, latents, GROUP, cache)
+  chunked = GlmImagePipeline(pipe.configs, pipe.models, pipe.processor, pipe.glyph_tokenizer,
+                             dataclasses.replace(pipe.spec, decode_batch=chunk))
+  images, out_latents = chunked.decode_tokens(prepared, target, latents, GROUP, cache)
+  np.testing.assert_allclose(np.asarray(out_latents), np.asarray(whole_latents), atol=1e-5)
+  assert np.abs(np.asarray(images, np.int32) - np.asarray(whole_images, np.int32)).max() <= 1
+
+
+def test_decode_batch_must_fit_the_groups(setup):
+  _, pipe = setup
+  chunked = GlmImagePipeline(pipe.configs, pipe.models, pipe.processor, pipe.glyph_tokenizer,
+                             dataclasses.replace(pipe.spec, decode_batch=3))
+  prepared = pipe.prepare(PROMPTS)
+  target = jnp.zeros((4, H // 32, W // 32), jnp.int32)
+  with pytest.raises(ValueError, match="decode_batch=3 must divide the batch of 4 samples"):
+    chunked.decode_tokens(prepared, target, jnp.zeros((4, pipe.configs.dit.in_channels, H // 8, W // 8)), GROUP)
