@@ -15,6 +15,7 @@ def base_config() -> ml_collections.ConfigDict:
   # more than float32, README "Memory per trained parameter").
   c.model.param_dtype = "float32"  # Trained AR parameters: "float32" or "bfloat16".
   c.model.compute_dtype = "float32"  # Activations / matmuls: "float32" or "bfloat16".
+  c.model.dit_attention = "xla"  # DiT attention kernel: "xla", or "cudnn" (flash attention, NVIDIA GPUs, bf16).
   c.model.remat = False  # Rematerialise each AR decoder layer in the backward pass (saves activation memory).
 
   c.data = ml_collections.ConfigDict()

@@ -81,6 +81,7 @@ RULES: dict[str, Rule] = {
     "model.param_dtype": choice(*DTYPES),
     "model.compute_dtype": choice(*DTYPES),
     "model.remat": BOOL,
+    "model.dit_attention": choice("xla", "cudnn"),
     "data.prompts_file": Rule(str, bool, "must name a .txt or .jsonl prompts file"),
     "data.mode": choice("t2i", "i2i"),
     "data.height": PIXELS,
@@ -192,6 +193,10 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
 
   mesh = {a: values[f"mesh.{a}"] for a in ("data", "fsdp", "tensor")}
   _check(list(mesh.values()).count(-1) <= 1, "config.mesh", mesh, "at most one axis may be -1")
+  if values["model.dit_attention"] == "cudnn":
+    import jax
+    _check(jax.default_backend() == "gpu", "config.model.dit_attention", "cudnn",
+           f"cuDNN flash attention needs NVIDIA GPUs; this run's backend is {jax.default_backend()!r} (use 'xla')")
   ckpt = values["model.checkpoint_dir"]
   _check(not ckpt or os.path.isdir(ckpt), "config.model.checkpoint_dir", ckpt,
          "no such directory (convert the HF folder first: python -m checkpoints_convert --hf_dir=... --out_dir=...)")

@@ -109,3 +109,15 @@ def test_type_rules_back_up_ml_collections():
   with pytest.raises(config_checks.ConfigError, match="config.seed=True: must be an integer, not bool"):
     config_checks.RULES["seed"].check("config.seed", True)
   config_checks.RULES["optim.learning_rate"].check("config.optim.learning_rate", 1)  # ints are numbers
+
+
+def test_cudnn_attention_needs_a_gpu():
+  import jax
+
+  cfg = load_config("demo")
+  cfg.model.dit_attention = "cudnn"
+  if jax.default_backend() == "gpu":
+    config_checks.validate(cfg)
+  else:
+    with pytest.raises(config_checks.ConfigError, match="cuDNN flash attention needs NVIDIA GPUs"):
+      config_checks.validate(cfg)

@@ -104,7 +104,8 @@ def model_configs(config) -> glm_image.GlmImageConfigs:
   configs.check_consistent()
   return glm_image.with_dtypes(configs, param_dtype=glm_image.DTYPES[config.model.param_dtype],
                                compute_dtype=glm_image.DTYPES[config.model.compute_dtype],
-                               remat=config.model.remat)
+                               remat=config.model.remat,
+                               dit_attention={"xla": None}.get(config.model.dit_attention, config.model.dit_attention))
 
 
 def processors(config, configs, texts):
