@@ -50,7 +50,7 @@ class Run:
 
 
 def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
-  """The global batch and every micro-batch must split evenly over data x fsdp."""
+  """The global batch (and decoder chunks) must split evenly over data x fsdp; micro-batches need not."""
   data, fsdp, _ = mesh_shape
   batch = config.data.prompts_per_step * config.grpo.group_size
   if config.grpo.group_size < 2:
@@ -63,7 +63,10 @@ def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
   if batch % micro:
     raise UserError(f"config.train.micro_batch_size={micro} does not divide the global batch {batch}")
   if micro % (data * fsdp):
-    raise UserError(f"config.train.micro_batch_size={micro} does not divide over data x fsdp = {data * fsdp}")
+    # Correct (XLA splits what it can and replicates the rest) but slower: e.g. micro-batches of 16 on a
+    # 32-chip slice. Allowed, since the batch layout is the user's trade between memory and speed.
+    logging.warning("config.train.micro_batch_size=%d does not split evenly over data x fsdp = %d devices: "
+                    "each micro-batch is partly replicated", micro, data * fsdp)
   chunk, g = config.sampling.decode_batch, config.grpo.group_size
   if chunk and (batch % chunk or (chunk % g and g % chunk) or chunk % (data * fsdp)):
     raise UserError(f"config.sampling.decode_batch={chunk} must divide the global batch {batch}, divide or be a "
