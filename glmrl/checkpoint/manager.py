@@ -119,7 +119,7 @@ class TrainCheckpointer:
     for step in sorted(self.manager.all_steps(), reverse=True):
       path = self.step_path(step)
       try:
-        with _ORPHANED_READS.restoring(path):
+        with ORPHANED_READS.restoring(path):
           restored = self.restore(step, abstract_params, abstract_opt_state, abstract_rng_key)
       except Exception as e:  # pylint: disable=broad-except  # whatever broke this step, older ones may read
         summary = describe_failure(path, e)
@@ -234,4 +234,4 @@ class _OrphanedReads:
         lambda r: not self._names_step(r.getMessage() + str(r.exc_info[1] if r.exc_info else "")))
 
 
-_ORPHANED_READS = _OrphanedReads()
+ORPHANED_READS = _OrphanedReads()

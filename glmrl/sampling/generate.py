@@ -24,30 +24,44 @@ from absl import logging
 from flax import nnx
 from PIL import Image
 
+from glmrl.checkpoint import manager as checkpoint_manager
 from glmrl.data import PromptIterator
 from glmrl.logging import make_grid
 from glmrl.train import setup as setup_lib
 
 
 def restore_ar_params(workdir: str, like_state):
-  """(AR params state, step) of the newest training checkpoint in `<workdir>/checkpoints`, or (None, None).
+  """(AR params state, step) of the newest training checkpoint in `<workdir>/checkpoints` that restores,
+  or (None, None) without checkpoints.
 
-  Only the `params` item is read, onto the shardings and dtypes of `like_state` (the full AR state).
+  Only the `params` item is read, onto the shardings and dtypes of `like_state` (the full AR state). An
+  unreadable step is reported and the next older one tried; nothing is moved or changed (sampling is
+  read-only: the training run sets unreadable steps aside). CheckpointError when none restores.
   """
   directory = os.path.join(os.path.abspath(workdir), "checkpoints")
   if not os.path.isdir(directory):
     return None, None
   manager = ocp.CheckpointManager(directory, item_names=("params",),
                                   options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like_state)
+  failures = []
   try:
-    step = manager.latest_step()
-    if step is None:
-      return None, None
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like_state)
-    restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
-    return restored.params, step
+    for step in sorted(manager.all_steps(), reverse=True):
+      path = os.path.join(directory, str(step))
+      try:
+        with checkpoint_manager.ORPHANED_READS.restoring(path):
+          restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
+      except Exception as e:  # pylint: disable=broad-except  # whatever broke this step, older ones may read
+        failures.append((step, checkpoint_manager.describe_failure(path, e)))
+        logging.warning("checkpoint step %d at %s does not restore: %s", step, path, failures[-1][1])
+        continue
+      return restored.params, step
   finally:
     manager.close()
+  if failures:
+    raise checkpoint_manager.CheckpointError(
+        f"no checkpoint in {directory} restores: " + "; ".join(f"step {s}: {why}" for s, why in failures))
+  return None, None
 
 
 def sample_records(run, records, ar_params=None) -> dict:
