@@ -1,23 +1,55 @@
-"""Decoder memory with and without `sampling.decode_batch`: temp bytes of the compiled denoise+decode program.
+"""Decoder memory with and without `sampling.decode_batch`: temporaries of the compiled denoise+decode program.
 
-python bench/decode_memory.py   (tiny DiT + VAE, 512 x 512, CPU compile, memory_analysis; no weights)
+    python bench/decode_memory.py [--size=512 --batches=16,4]
+
+Compiles `glmrl.sampling.decode.denoise_and_decode` for the tiny DiT + VAE on abstract inputs (no weights)
+for each batch size and prints XLA's `memory_analysis()` temporaries: a decoder call on `decode_batch`
+samples needs what one row of this table says.
 """
-import glmrl, jax, jax.numpy as jnp
-from flax import nnx
-from glmrl.models import glm_image
-from glmrl.sampling import decode
-configs = glm_image.preset_configs("tiny")
-dd, dp = glm_image.abstract_model("dit", configs.dit)
-vd, vp = glm_image.abstract_model("vae", configs.vae)
-H = W = 512
-S = jax.ShapeDtypeStruct
-def mem(b):
-  n = (H // 16) * (W // 16)
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import glmrl  # noqa: E402,F401
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from glmrl.models import glm_image  # noqa: E402
+from glmrl.sampling import decode  # noqa: E402
+
+
+def temp_bytes(configs, batch: int, size: int, glyph_len: int = 16) -> int:
+  dit_def, dit_state = glm_image.abstract_model("dit", configs.dit)
+  vae_def, vae_state = glm_image.abstract_model("vae", configs.vae)
+  sds = jax.ShapeDtypeStruct
+  tokens = (size // 16) ** 2  # DiT patches of the 8x-downsampled latents, patch size 2
   d = configs.glyph.d_model
-  cond = decode.Conditioning(S((b, n), jnp.int32), S((b, 16, d), jnp.float32), S((b, 16), bool), S((b, 16, d), jnp.float32), S((b, 16), bool))
-  lat = S((b, configs.dit.in_channels, H // 8, W // 8), jnp.float32)
-  c = decode.denoise_and_decode.lower(dd, dp, vd, vp, cond, lat, S((2,), jnp.float32), S((3,), jnp.float32), 1.5, S((b, 2), jnp.float32), S((b, 2), jnp.float32), None).compile()
-  m = c.memory_analysis()
-  return m.temp_size_in_bytes
-for b in (16, 4):
-  print(b, mem(b) / 2**20, "MiB temp")
+  cond = decode.Conditioning(sds((batch, tokens), jnp.int32), sds((batch, glyph_len, d), jnp.float32),
+                             sds((batch, glyph_len), bool), sds((batch, glyph_len, d), jnp.float32),
+                             sds((batch, glyph_len), bool))
+  latents = sds((batch, configs.dit.in_channels, size // 8, size // 8), jnp.float32)
+  compiled = decode.denoise_and_decode.lower(
+      dit_def, dit_state, vae_def, vae_state, cond, latents, sds((2,), jnp.float32), sds((3,), jnp.float32), 1.5,
+      sds((batch, 2), jnp.float32), sds((batch, 2), jnp.float32), None).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--size", type=int, default=512)
+  parser.add_argument("--batches", default="16,4")
+  args = parser.parse_args()
+  configs = glm_image.preset_configs("tiny")
+  for batch in (int(b) for b in args.batches.split(",")):
+    print(f"{args.size}^2, {batch} samples per decoder call: {temp_bytes(configs, batch, args.size) / 2**20:.1f} MiB "
+          "temporaries")
+
+
+if __name__ == "__main__":
+  main()

@@ -115,30 +115,18 @@ class TrainCheckpointer:
     restores nothing is moved (a changed model or config fails on every step alike) and a
     CheckpointError lists each step's error.
     """
-    failures = []
-    for step in sorted(self.manager.all_steps(), reverse=True):
-      path = self.step_path(step)
-      try:
-        with ORPHANED_READS.restoring(path):
-          restored = self.restore(step, abstract_params, abstract_opt_state, abstract_rng_key)
-      except Exception as e:  # pylint: disable=broad-except  # whatever broke this step, older ones may read
-        summary = describe_failure(path, e)
-        logging.warning("checkpoint step %d at %s does not restore: %s", step, path, summary)
-        failures.append((step, summary))
-        continue
-      for bad, _ in failures:
-        moved = self._set_aside(bad)
-        logging.warning("moved unreadable checkpoint step %d to %s (nothing deleted); resuming from step %d "
-                        "at %s", bad, moved, step, path)
-      if failures:
-        self.manager.reload()
-      return (step, *restored)
+    step, restored, failures = restore_newest(
+        self.directory, self.manager.all_steps(),
+        lambda s: self.restore(s, abstract_params, abstract_opt_state, abstract_rng_key))
+    if step is None:
+      return None
+    for bad, _ in failures:
+      moved = self._set_aside(bad)
+      logging.warning("moved unreadable checkpoint step %d to %s (nothing deleted); resuming from step %d "
+                      "at %s", bad, moved, step, self.step_path(step))
     if failures:
-      raise CheckpointError(
-          f"no checkpoint in {self.directory} restores (nothing was changed): "
-          + "; ".join(f"step {s}: {summary}" for s, summary in failures)
-          + f". Repair or move those step folders, or train in a new --workdir")
-    return None
+      self.manager.reload()
+    return (step, *restored)
 
   def step_path(self, step: int) -> str:
     return os.path.join(self.directory, str(step))
@@ -160,6 +148,31 @@ class TrainCheckpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def restore_newest(directory: str, steps, restore):
+  """(step, restore(step), failures) for the newest of `steps` that restores, (None, None, []) without steps.
+
+  Each newer step that fails is logged (step, path, one-line error) and listed in `failures` as
+  (step, summary); nothing on disk is changed here. CheckpointError, listing every step's error,
+  when steps exist and none restores.
+  """
+  failures = []
+  for step in sorted(steps, reverse=True):
+    path = os.path.join(directory, str(step))
+    try:
+      with _ORPHANED_READS.restoring(path):
+        restored = restore(step)
+    except Exception as e:  # pylint: disable=broad-except  # whatever broke this step, older ones may read
+      failures.append((step, describe_failure(path, e)))
+      logging.warning("checkpoint step %d at %s does not restore: %s", step, path, failures[-1][1])
+      continue
+    return step, restored, failures
+  if failures:
+    raise CheckpointError(
+        f"no checkpoint in {directory} restores: " + "; ".join(f"step {s}: {why}" for s, why in failures)
+        + " (nothing was changed). Repair or move those step folders, or train in a new --workdir")
+  return None, None, []
 
 
 def describe_failure(step_path: str, error: BaseException) -> str:
@@ -234,4 +247,4 @@ class _OrphanedReads:
         lambda r: not self._names_step(r.getMessage() + str(r.exc_info[1] if r.exc_info else "")))
 
 
-ORPHANED_READS = _OrphanedReads()
+_ORPHANED_READS = _OrphanedReads()

@@ -23,7 +23,7 @@ import numpy as np
 from glmrl.grpo import advantages as advantages_lib
 from glmrl.rewards import registry
 
-_ENTRY_KEYS = ("name", "weight", "normalize", "kwargs")
+ENTRY_KEYS = ("name", "weight", "normalize", "kwargs")
 
 
 def group_normalize(scores, group_size: int, std_eps=advantages_lib.STD_EPS):
@@ -67,9 +67,9 @@ class RewardComposer:
       entry = entry.to_dict()
     if not isinstance(entry, Mapping):
       raise ValueError(f"reward config entry {i} ({entry!r}) must be a mapping with name and weight")
-    unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+    unknown = sorted(set(entry) - set(ENTRY_KEYS))
     if unknown:
-      raise ValueError(f"reward config entry {i}: unknown key(s) {unknown}; allowed: {list(_ENTRY_KEYS)} "
+      raise ValueError(f"reward config entry {i}: unknown key(s) {unknown}; allowed: {list(ENTRY_KEYS)} "
                        "(reward arguments go under 'kwargs')")
     if "name" not in entry or "weight" not in entry:
       raise ValueError(f"reward config entry {i} ({dict(entry)!r}) needs both 'name' and 'weight'")
@@ -136,14 +136,14 @@ class RewardComposer:
     return {e["name"]: np.asarray(e["fn"](images, prompts, metadata), np.float32)
             for e in self.entries if not e["reward"].pure_jax}
 
-  def combine(self, components: Mapping[str, Any], *, std_eps=None):
+  def combine(self, components: Mapping[str, Any]):
     """Weighted sum of the components, each standardised per group first where configured
-    (`group_normalize`, near-constant threshold std_eps: the run's config.grpo.std_eps)."""
+    (`group_normalize` with this composer's near-constant threshold `std_eps`)."""
     total = 0.0
     for e in self.entries:
       s = jnp.asarray(components[e["name"]], jnp.float32)
       if e["normalize"]:
-        s = group_normalize(s, self.group_size, self.std_eps if std_eps is None else std_eps)
+        s = group_normalize(s, self.group_size, self.std_eps)
       total = total + e["weight"] * s
     return total
 

@@ -44,24 +44,13 @@ def restore_ar_params(workdir: str, like_state):
   manager = ocp.CheckpointManager(directory, item_names=("params",),
                                   options=ocp.CheckpointManagerOptions(read_only=True, create=False))
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like_state)
-  failures = []
   try:
-    for step in sorted(manager.all_steps(), reverse=True):
-      path = os.path.join(directory, str(step))
-      try:
-        with checkpoint_manager.ORPHANED_READS.restoring(path):
-          restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
-      except Exception as e:  # pylint: disable=broad-except  # whatever broke this step, older ones may read
-        failures.append((step, checkpoint_manager.describe_failure(path, e)))
-        logging.warning("checkpoint step %d at %s does not restore: %s", step, path, failures[-1][1])
-        continue
-      return restored.params, step
+    step, restored, _ = checkpoint_manager.restore_newest(
+        directory, manager.all_steps(),
+        lambda s: manager.restore(s, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract))))
   finally:
     manager.close()
-  if failures:
-    raise checkpoint_manager.CheckpointError(
-        f"no checkpoint in {directory} restores: " + "; ".join(f"step {s}: {why}" for s, why in failures))
-  return None, None
+  return (None, None) if step is None else (restored.params, step)
 
 
 def sample_records(run, records, ar_params=None) -> dict:

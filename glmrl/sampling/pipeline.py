@@ -139,6 +139,13 @@ def check_glyph_fits(prompt: str, tokenizer, max_tokens: int, max_texts: int, wh
                     f"config.data.max_glyph_tokens={max_tokens}")
 
 
+def check_decode_batch(chunk: int, batch: int, group_size: int) -> None:
+  """Decoder chunks divide the batch and read whole condition-image slots (one per group)."""
+  if batch % chunk or (chunk % group_size and group_size % chunk):
+    raise UserError(f"config.sampling.decode_batch={chunk} must divide the batch of {batch} samples and divide or "
+                    f"be a multiple of the group size {group_size} (a chunk reads whole condition-image slots)")
+
+
 class GlmImagePipeline:
   """Holds the components (graphdef + params each) and runs generation."""
 
@@ -207,11 +214,14 @@ class GlmImagePipeline:
 
   def _glyph_tokens(self, prompts):
     """Glyph tokens padded to the spec's fixed sizes, so a long quoted text never recompiles the DiT loop."""
-    for i, prompt in enumerate(prompts):
-      check_glyph_fits(prompt, self.glyph_tokenizer, self.spec.glyph_pad, self.spec.glyph_texts,
-                       where=f"prompt {i}")
-    return tokenize_glyph_texts(prompts, self.glyph_tokenizer, pad_texts_to=len(prompts) * self.spec.glyph_texts,
-                                pad_length_to=self.spec.glyph_pad, pad_seq_to=self.spec.glyph_pad)
+    try:
+      return tokenize_glyph_texts(prompts, self.glyph_tokenizer, pad_texts_to=len(prompts) * self.spec.glyph_texts,
+                                  pad_length_to=self.spec.glyph_pad, pad_seq_to=self.spec.glyph_pad)
+    except ValueError:
+      for i, prompt in enumerate(prompts):  # name the prompt that does not fit
+        check_glyph_fits(prompt, self.glyph_tokenizer, self.spec.glyph_pad, self.spec.glyph_texts,
+                         where=f"prompt {i}")
+      raise
 
   # ---------------------------------------------------------------- device side
   def ar_model(self, ar_params=None):
@@ -289,27 +299,25 @@ class GlmImagePipeline:
     target_size = jnp.tile(jnp.array([[self.spec.height, self.spec.width]], jnp.float32), (b, 1))
     crop = jnp.zeros((b, 2), jnp.float32)
     chunk = self.spec.decode_batch or b
-    if b % chunk or (chunk % group_size and group_size % chunk):
-      raise UserError(f"config.sampling.decode_batch={chunk} must divide the batch of {b} samples and divide or "
-                      f"be a multiple of the group size {group_size} (a chunk reads whole condition-image slots)")
+    check_decode_batch(chunk, b, group_size)
     dit_def, dit_params = self.models["dit"]
     vae_def, vae_params = self.models["vae"]
+    run = lambda cond, latents, size, crop, cache: decode.denoise_and_decode(
+        dit_def, dit_params, vae_def, vae_params, cond, latents, self.model_timesteps, self.sigmas,
+        self.spec.guidance_scale, size, crop, cache)
+    if chunk == b:
+      return run(cond, latents, target_size, crop, source_cache)
     images, out_latents = [], []
     for start in range(0, b, chunk):
-      rows = slice(start, start + chunk)
-      part = lambda x, axis=0: self.shard_batch(jax.lax.slice_in_dim(x, rows.start, rows.stop, axis=axis), axis)
+      part = lambda x: self.shard_batch(x[start:start + chunk])
       cache = None
       if source_cache is not None:  # slot i serves the group_size rows of prompt i
         first, last = start // group_size, -(-(start + chunk) // group_size)
-        cache = jax.tree.map(lambda x, axis: jax.lax.slice_in_dim(x, first, last, axis=axis), source_cache,
-                             type(source_cache)(k=1, v=1, valid=0))
-      im, lat = decode.denoise_and_decode(dit_def, dit_params, vae_def, vae_params, jax.tree.map(part, cond),
-                                          part(latents), self.model_timesteps, self.sigmas,
-                                          self.spec.guidance_scale, part(target_size), part(crop), cache)
+        cache = source_cache._replace(k=source_cache.k[:, first:last], v=source_cache.v[:, first:last],
+                                      valid=source_cache.valid[first:last])
+      im, lat = run(jax.tree.map(part, cond), part(latents), part(target_size), part(crop), cache)
       images.append(im)
       out_latents.append(lat)
-    if len(images) == 1:
-      return images[0], out_latents[0]
     return jnp.concatenate(images), jnp.concatenate(out_latents)
 
   def __call__(self, prompts, key, samples_per_prompt: int = 1, source_images=None, ar_params=None) -> Generated:

@@ -19,15 +19,17 @@ from glmrl.train import step as step_lib
 
 
 @functools.partial(jax.jit, static_argnames=("composer", "group_size", "scale", "estimator", "drop_constant"))
-def score(host_components, images, metadata, std_eps, *, composer, group_size, scale, estimator, drop_constant):
+def score(host_components, images, metadata, *, composer, group_size, scale, estimator, drop_constant):
   """Rewards -> (total [B], components, advantages [B], row mask [B], zero-variance group fraction).
 
-  "Zero variance" is `grpo.constant_groups` with threshold std_eps: the groups whose advantages are
+  "Zero variance" is `grpo.constant_groups` with the run's threshold (`composer.std_eps`, from
+  config.grpo.std_eps, as the per-reward normalisation uses): the groups whose advantages are
   exactly 0, and the ones `drop_constant` removes from the loss.
   """
   components = dict(composer.jax_scores(images, metadata))
   components.update(host_components)
-  total = composer.combine(components, std_eps=std_eps)
+  total = composer.combine(components)
+  std_eps = composer.std_eps
   advantages = grpo.group_advantages(total, group_size, scale=scale, estimator=estimator, std_eps=std_eps)
   constant_G = grpo.constant_groups(total, group_size, std_eps=std_eps)
   keep_B = jnp.ones_like(total)
@@ -79,8 +81,9 @@ def collect(run, data_batch, key, trainable):
   """Samples, decodes and scores one batch.
 
   Returns (Rollout, (prompt_len, layout), images, total reward, timings, metrics, prompts). The
-  Rollout's old_logp (and ref_logp when the KL term is on) hold the sampler's log-probs as
-  placeholders of the right shape: the first update ignores them and returns the real ones.
+  learner's old_logp (and ref_logp when the KL term is on) are computed by the first update, which
+  returns them; until then they are NaN, so anything reading them earlier poisons the loss (and the
+  update skips itself) instead of passing silently.
   """
   cfg, g = run.config, run.group_size
   t0 = time.perf_counter()
@@ -105,17 +108,17 @@ def collect(run, data_batch, key, trainable):
     host_components = {k: jnp.asarray(v) for k, v in
                        run.composer.host_scores(np.asarray(images), prompts, host_meta).items()}
   total, components, advantages, keep_B, zero_var = score(
-      host_components, images, metadata, float(cfg.grpo.std_eps), composer=run.composer, group_size=g,
+      host_components, images, metadata, composer=run.composer, group_size=g,
       scale=cfg.grpo.scale, estimator=cfg.grpo.estimator, drop_constant=cfg.grpo.drop_zero_variance_groups)
   jax.block_until_ready(total)
   t2 = time.perf_counter()
 
   mask = keep_B[:, None] * token_mask(sample.layout, cfg.grpo.loss_tokens)[None, :]
-  placeholder = sample.logprobs
+  not_yet = jnp.full_like(sample.logprobs, jnp.nan)  # the first update's output (same shape: one program)
   rollout = step_lib.Rollout(
       sequence_ids=sample.sequence_ids, positions=sample.positions, valid=sample.valid,
-      sampler_logp=sample.logprobs, old_logp=placeholder, advantages=advantages, mask=mask,
-      ref_logp=placeholder if cfg.grpo.beta > 0 else None)
+      sampler_logp=sample.logprobs, old_logp=not_yet, advantages=advantages, mask=mask,
+      ref_logp=not_yet if cfg.grpo.beta > 0 else None)
   extra = {
       "reward/zero_variance_group_frac": zero_var,
       "advantage/mean": jnp.mean(advantages),

@@ -21,7 +21,7 @@ from glmrl.models.ar import tokenizer as word_tokenizer
 from glmrl.models.ar.prompt import PromptProcessor
 from glmrl.rewards import RewardComposer
 from glmrl.sampling.logprobs import SamplingConfig
-from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_glyph_fits
+from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_decode_batch, check_glyph_fits
 
 # The AR model's parts that GRPO trains; the vision encoder and VQ stay frozen.
 TRAINABLE = nnx.All(nnx.Param, nnx.Not(nnx.Any(nnx.PathContains("visual"), nnx.PathContains("vq"))))
@@ -67,10 +67,11 @@ def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
     # 32-chip slice. Allowed, since the batch layout is the user's trade between memory and speed.
     logging.warning("config.train.micro_batch_size=%d does not split evenly over data x fsdp = %d devices: "
                     "each micro-batch is partly replicated", micro, data * fsdp)
-  chunk, g = config.sampling.decode_batch, config.grpo.group_size
-  if chunk and (batch % chunk or (chunk % g and g % chunk) or chunk % (data * fsdp)):
-    raise UserError(f"config.sampling.decode_batch={chunk} must divide the global batch {batch}, divide or be a "
-                    f"multiple of config.grpo.group_size={g}, and split over data x fsdp = {data * fsdp}")
+  chunk = config.sampling.decode_batch
+  if chunk:
+    check_decode_batch(chunk, batch, config.grpo.group_size)
+    if chunk % (data * fsdp):
+      raise UserError(f"config.sampling.decode_batch={chunk} does not split over data x fsdp = {data * fsdp}")
 
 
 def sampling_config(config) -> SamplingConfig:

@@ -32,7 +32,7 @@ class Rollout:
   positions: jax.Array     # [3, B, S]
   valid: jax.Array         # [B, S] False on left padding
   sampler_logp: jax.Array  # [B, N] the sampler's own log-probs of the generated tokens
-  old_logp: jax.Array      # [B, N] the learner's, before the first update (read from the second iteration on)
+  old_logp: jax.Array      # [B, N] the learner's, before the first update (which computes them; NaN until then)
   advantages: jax.Array    # [B]
   mask: jax.Array          # [B, N] 1 for tokens in the loss, 0 for dropped groups
   ref_logp: jax.Array | None = None  # [B, N] under the frozen initial policy (beta > 0; as old_logp)

@@ -1,5 +1,6 @@
 """Small configs for the train tests: the demo config with fewer, cheaper steps."""
 
+import argparse
 import os
 
 from configs import demo
@@ -18,3 +19,15 @@ def tiny_config(**overrides):
     section, field = key.split("__")
     c[section][field] = value
   return c
+
+
+def device_run_args():
+  """Arguments of the subprocess runs on a forced number of host devices (--devices, --mesh=d,f,t,
+  --workdir); sets XLA_FLAGS, so it must run before jax is imported. Returns (args, (data, fsdp, tensor))."""
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--devices", type=int, required=True)
+  parser.add_argument("--mesh", required=True)
+  parser.add_argument("--workdir", required=True)
+  args = parser.parse_args()
+  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+  return args, tuple(int(x) for x in args.mesh.split(","))

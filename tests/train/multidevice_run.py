@@ -3,26 +3,19 @@
 python -m tests.train.multidevice_run --devices=8 --mesh=2,2,2 --workdir=DIR
 """
 
-import argparse
 import json
-import os
 import sys
+
+from tests.train.common import device_run_args, tiny_config
 
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--devices", type=int, required=True)
-  parser.add_argument("--mesh", required=True)
-  parser.add_argument("--workdir", required=True)
-  args = parser.parse_args()
-  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+  args, (data, fsdp, tensor) = device_run_args()
   import jax
   import numpy as np
 
   from glmrl.train import loop
-  from tests.train.common import tiny_config
 
-  data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
   config = tiny_config(mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor, train__micro_batch_size=4)
   trainer = loop.Trainer(config, args.workdir)
   layout = {"init": state_layout(trainer)}

@@ -6,20 +6,15 @@ python -m tests.train.ratio_run --devices=8 --mesh=2,2,2 --workdir=DIR (XLA_FLAG
 is imported, hence a subprocess).
 """
 
-import argparse
 import dataclasses
 import json
-import os
 import sys
+
+from tests.train.common import device_run_args, tiny_config
 
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--devices", type=int, required=True)
-  parser.add_argument("--mesh", required=True)
-  parser.add_argument("--workdir", required=True)
-  args = parser.parse_args()
-  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+  args, (data, fsdp, tensor) = device_run_args()
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -32,9 +27,7 @@ def main():
   from glmrl.models import glm_image
   from glmrl.train import loop, setup
   from glmrl.train import step as step_lib
-  from tests.train.common import tiny_config
 
-  data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
   # 2 prompts x 8 samples: micro-batches of 16, 8 and 4 rows, each divisible over data x fsdp = 4.
   config = tiny_config(mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor, grpo__group_size=8)
   trainer = loop.Trainer(config, args.workdir)

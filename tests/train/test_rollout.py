@@ -24,10 +24,11 @@ def given_reward():
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("drop", [False, True])
 def test_near_constant_group_gets_zero_advantages_and_is_dropped(given_reward, normalize, drop):
-  composer = rewards.RewardComposer([{"name": given_reward, "weight": 2.0, "normalize": normalize}], group_size=4)
+  composer = rewards.RewardComposer([{"name": given_reward, "weight": 2.0, "normalize": normalize}], group_size=4,
+                                    std_eps=1e-5)
   images = jnp.zeros((8, 8, 8, 3), jnp.uint8)
   total, _, advantages, keep_B, zero_var = rollout_lib.score(
-      {}, images, {"r": jnp.asarray(REWARDS)}, 1e-5, composer=composer, group_size=4, scale="group",
+      {}, images, {"r": jnp.asarray(REWARDS)}, composer=composer, group_size=4, scale="group",
       estimator="grpo", drop_constant=drop)
   # Per-reward normalisation uses the advantages' std convention and threshold: the noise group is 0.
   want_total = 2.0 * (reference.advantages(REWARDS, 4) if normalize else REWARDS.astype(np.float64))
