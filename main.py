@@ -33,7 +33,7 @@ _MODE = flags.DEFINE_enum("mode", "train", config_checks.MODES, "What to run (se
 # mode -> "module:function(config, workdir)"; imported only when chosen.
 _MODES = {
     "train": "glmrl.train.loop:train",
-    "generate": "glmrl.sampling.generate:generate",
+    "generate": "glmrl.train.generate:generate",
     "eval": "glmrl.train.evaluate:evaluate",
 }
 

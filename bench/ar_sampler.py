@@ -61,11 +61,11 @@ def time_ours(model, cfg, ids, valid, grids, per_sample, layout, sampling, seed)
                                          image_end_id=cfg.image_end_token_id)
   keys = jax.random.split(jax.random.key(seed), ids.shape[0])
   start = time.perf_counter()
-  out = ar_sampler.generate(model, ids, valid, pos, decode, keys, layout=layout, cfg=sampling)
+  out = ar_sampler.sample_ids(model, ids, valid, pos, decode, keys, layout=layout, cfg=sampling)
   jax.block_until_ready(out.tokens)
   first = time.perf_counter() - start
   start = time.perf_counter()
-  out = ar_sampler.generate(model, ids, valid, pos, decode, jax.random.split(jax.random.key(seed + 1), len(ids)),
+  out = ar_sampler.sample_ids(model, ids, valid, pos, decode, jax.random.split(jax.random.key(seed + 1), len(ids)),
                             layout=layout, cfg=sampling)
   jax.block_until_ready(out.tokens)
   return time.perf_counter() - start, first

@@ -77,7 +77,7 @@ def child(mode: str, src: str, dst: str, shard: str):
   baseline = _status("VmRSS")
   t = time.time()
   if mode == "convert":
-    hf_to_flax.convert(src, dst, log=lambda s: None)
+    hf_to_flax.convert_pipeline(src, dst, log=lambda s: None)
   else:
     flax_to_hf.export(src, dst, max_shard_size=shard, log=lambda s: None)
   print(json.dumps({"baseline_rss": baseline, "peak_rss": _status("VmHWM"), "seconds": time.time() - t}))

@@ -51,7 +51,8 @@ def main(argv=None):
   trainer = loop.Trainer(config, tempfile.mkdtemp(prefix="bench_old_logprob_"))
   run = trainer.run
   start = time.perf_counter()
-  rollout, shape, *_ = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(0), trainer.params)
+  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(0), trainer.params)
+  rollout, shape = collected.batch, collected.update_shape
   first_rollout_s = time.perf_counter() - start
   rollout_s = interleaved_medians(
       [lambda: loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(1), trainer.params)],

@@ -23,7 +23,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from glmrl.rewards.lpips import LPIPS, LPIPSConfig, make_lpips_reward  # noqa: E402
+from glmrl.models.lpips import LPIPS, LPIPSConfig  # noqa: E402
+from glmrl.rewards.lpips import make_lpips_reward  # noqa: E402
 
 
 def main():

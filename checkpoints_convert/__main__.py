@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from checkpoints_convert import cli
 from checkpoints_convert import flax_to_hf
 from checkpoints_convert import hf_to_flax
 
@@ -37,16 +38,10 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    if args.to_hf:
-      flax_to_hf.export(args.ckpt_dir, args.hf_out_dir, step=args.step, source_dir=args.source_dir,
-                        max_shard_size=args.max_shard_size)
-    else:
-      hf_to_flax.convert(args.hf_dir, args.out_dir)
-  except (ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  return 0
+  if args.to_hf:
+    return cli.run(lambda: flax_to_hf.export(args.ckpt_dir, args.hf_out_dir, step=args.step,
+                                             source_dir=args.source_dir, max_shard_size=args.max_shard_size))
+  return cli.run(lambda: hf_to_flax.convert_pipeline(args.hf_dir, args.out_dir))
 
 
 if __name__ == "__main__":

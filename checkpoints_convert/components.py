@@ -12,17 +12,15 @@ import importlib
 import json
 import os
 
-import glmrl  # noqa: F401  (disables eager sharding before any module is built)
 import jax
 from flax import nnx
 
 from checkpoints_convert import rules as rules_lib
+from glmrl.checkpoint import params as params_lib
 
 MODEL_INDEX = "model_index.json"
 # Non-weight folders of the pipeline, copied verbatim in both directions.
 COPIED_FOLDERS = ("processor", "tokenizer", "scheduler")
-# Where a component's parameter pytree lives inside its converted folder.
-PARAMS_DIR = "params"
 
 
 def _import(path: str):
@@ -125,7 +123,7 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
         library=("transformers", "T5EncoderModel"),
     ),
     # Not part of GLM-Image: the CLIP reward models (a transformers CLIPModel folder of its own,
-    # converted with `python -m glmrl.models.clip.convert`).
+    # converted with `python -m checkpoints_convert.clip`).
     Component(
         name="clip",
         config_cls="glmrl.models.clip.config:ClipConfig",
@@ -141,6 +139,17 @@ def get(name: str) -> Component:
   if name not in COMPONENTS:
     raise ValueError(f"unknown component {name!r}; known: {sorted(COMPONENTS)}")
   return COMPONENTS[name]
+
+
+def load_component(component_dir: str, sharding=None, **config_overrides):
+  """A converted component folder as its nnx model (the folder name picks the component, e.g.
+  .../transformer); keyword arguments replace config fields (e.g. param_dtype=jnp.bfloat16).
+  `sharding`: where every parameter goes (default: the first device)."""
+  component = get(os.path.basename(os.path.normpath(component_dir)))
+  cfg = component.config_from_hf(component.read_config(component_dir), **config_overrides)
+  graphdef, abstract, rest = component.build(cfg)
+  params = params_lib.restore_params(component_dir, abstract, sharding or params_lib.first_device())
+  return nnx.merge(graphdef, params, rest)
 
 
 def is_weights_file(filename: str) -> bool:

@@ -1,6 +1,6 @@
 """Orbax parameter checkpoints -> HF safetensors folders, one tensor at a time.
 
-Input is either a converted checkpoint (the layout `hf_to_flax.convert`
+Input is either a converted checkpoint (the layout `hf_to_flax.convert_pipeline`
 writes) or a training run's Orbax CheckpointManager directory whose step
 folders hold a `params` item with the AR generator's state, next to
 `ar_config.json` and `source.json`.
@@ -21,7 +21,6 @@ import os
 import shutil
 from typing import Any, Callable
 
-import glmrl  # noqa: F401
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -29,6 +28,8 @@ from checkpoints_convert import components as components_lib
 from checkpoints_convert import hf_to_flax
 from checkpoints_convert import safetensors_stream as st
 from glmrl.checkpoint import manager as train_ckpt
+from glmrl.checkpoint import params as params_lib
+from glmrl.checkpoint.params import PARAMS_DIR
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 TRAINING_CONFIG = "ar_config.json"
@@ -54,7 +55,7 @@ def plan_export(component: components_lib.Component, params_dir: str, config: di
   """Every stored leaf mapped to its HF key, in natural HF key order; raises on coverage/shape errors."""
   cfg = component.config_from_hf(config)
   expected = hf_to_flax.expected_params(component, cfg)
-  stored = hf_to_flax.stored_leaves(params_dir)
+  stored = params_lib.stored_leaves(params_dir)
   key_map = component.key_map()
   out, unexpected, mismatched, hf_keys = [], [], [], {}
   for path, leaf in stored.items():
@@ -73,7 +74,7 @@ def plan_export(component: components_lib.Component, params_dir: str, config: di
       continue
     out.append(Exported(hf_key, path, transform, _hf_shape(transform, leaf.shape, hf_key), leaf.dtype))
   missing = sorted(set(expected) - set(stored))
-  hf_to_flax.check_coverage(f"{component.name}: {params_dir}", missing, unexpected, mismatched)
+  params_lib.check_coverage(f"{component.name}: {params_dir}", missing, unexpected, mismatched)
   return sorted(out, key=lambda e: st.natural_key(e.hf_key))
 
 
@@ -82,16 +83,16 @@ class OrbaxLeafReader:
 
   def __init__(self, params_dir: str):
     self.params_dir = os.path.abspath(params_dir)
-    self.leaves = hf_to_flax.stored_leaves(params_dir)
+    self.leaves = params_lib.stored_leaves(params_dir)
     self._ckptr = ocp.PyTreeCheckpointer()
 
   def read(self, flax_path: str) -> np.ndarray:
     keys = self.leaves[flax_path].keys
-    item = hf_to_flax.nest_keys([(keys, 0)])
-    restore_args = hf_to_flax.nest_keys([(keys, ocp.RestoreArgs(restore_type=np.ndarray))])
+    item = params_lib.nest_keys([(keys, 0)])
+    restore_args = params_lib.nest_keys([(keys, ocp.RestoreArgs(restore_type=np.ndarray))])
     restored = self._ckptr.restore(self.params_dir, args=ocp.args.PyTreeRestore(
         item=item, restore_args=restore_args, partial_restore=True))
-    return np.asarray(hf_to_flax.get_path(restored, keys))
+    return np.asarray(params_lib.get_path(restored, keys))
 
 
 def export_component(component: components_lib.Component, params_dir: str, config: dict,
@@ -131,14 +132,14 @@ def find_training_checkpoint(ckpt_dir: str, step: int | None = None) -> tuple[st
   else:
     return None
   steps = sorted(int(n) for n in os.listdir(root)
-                 if n.isdigit() and os.path.isdir(os.path.join(root, n, components_lib.PARAMS_DIR)))
+                 if n.isdigit() and os.path.isdir(os.path.join(root, n, PARAMS_DIR)))
   if not steps:
-    raise ValueError(f"{root}: no step folder with a '{components_lib.PARAMS_DIR}' item")
+    raise ValueError(f"{root}: no step folder with a '{PARAMS_DIR}' item")
   if step is None:
     step = steps[-1]
   elif step not in steps:
     raise ValueError(f"--step {step} not in {root}; available steps: {steps}")
-  return os.path.join(root, str(step), components_lib.PARAMS_DIR), config, step
+  return os.path.join(root, str(step), PARAMS_DIR), config, step
 
 
 def pipeline_incomplete(out_dir: str) -> str | None:
@@ -174,7 +175,7 @@ def _export_components(src: str, names, hf_out_dir: str, max_shard_size, log, pl
     component, src_n, out = components_lib.get(n), os.path.join(src, n), os.path.join(hf_out_dir, n)
     hf_to_flax.copy_component_files(src_n, out)
     config, plan = plans[n]
-    exported[n] = export_component(component, os.path.join(src_n, components_lib.PARAMS_DIR), config,
+    exported[n] = export_component(component, os.path.join(src_n, PARAMS_DIR), config,
                                    out, max_shard_size=max_shard_size, plan=plan)
     log(f"exported {n}: {exported[n]['tensors']} tensors -> {exported[n]['files']}")
   return exported
@@ -185,13 +186,13 @@ def _plan_components(src: str, names) -> dict:
   for n in names:
     component = components_lib.get(n)
     config = component.read_config(os.path.join(src, n))
-    plans[n] = (config, plan_export(component, os.path.join(src, n, components_lib.PARAMS_DIR), config))
+    plans[n] = (config, plan_export(component, os.path.join(src, n, PARAMS_DIR), config))
   return plans
 
 
 def _converted_components(directory: str) -> list[str]:
   return [n for n in components_lib.COMPONENTS
-          if os.path.isdir(os.path.join(directory, n, components_lib.PARAMS_DIR))]
+          if os.path.isdir(os.path.join(directory, n, PARAMS_DIR))]
 
 
 def training_source(run_dir: str, source_dir: str | None) -> tuple[str | None, str | None]:
@@ -214,9 +215,9 @@ def training_source(run_dir: str, source_dir: str | None) -> tuple[str | None, s
       return None, (f"the run trained a random preset (no config.model.checkpoint_dir, {recorded_at}), so "
                     f"there is no text_encoder, transformer, vae, processor, tokenizer or scheduler "
                     f"belonging to its generator")
-  if not os.path.isdir(os.path.join(source, TRAINING_COMPONENT, components_lib.PARAMS_DIR)):
+  if not os.path.isdir(os.path.join(source, TRAINING_COMPONENT, PARAMS_DIR)):
     raise ValueError(f"source checkpoint {source!r} ({origin}) is not a converted GLM-Image folder (no "
-                     f"{TRAINING_COMPONENT}/{components_lib.PARAMS_DIR}); pass --source_dir=<the converted folder "
+                     f"{TRAINING_COMPONENT}/{PARAMS_DIR}); pass --source_dir=<the converted folder "
                      f"the run trained from>, or --source_dir='' for the generator alone")
   return os.path.abspath(source), None
 

@@ -1,16 +1,15 @@
-"""HF safetensors folders -> Orbax parameter checkpoints, and loading them back.
+"""HF safetensors folders -> Orbax parameter checkpoints.
 
 Conversion never holds the model: every parameter is handed to Orbax as a
 lazy leaf that reads (and transposes) its one tensor when Orbax writes it, and
 a private type handler writes those leaves one after another. The leaves are
 recorded as plain numpy arrays, so the result is an ordinary Orbax checkpoint
-that `load_params` (or any Orbax restore) reads onto a mesh.
+that `glmrl.checkpoint.params.restore_params` (or any Orbax restore) reads onto a mesh.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import json
@@ -19,16 +18,15 @@ import os
 import shutil
 from typing import Any, Callable
 
-import glmrl  # noqa: F401
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from etils import epath
 from flax import nnx
 
 from checkpoints_convert import components as components_lib
 from checkpoints_convert import rules as rules_lib
 from checkpoints_convert import safetensors_stream as st
+from glmrl.checkpoint.params import CONFIG_NAME, PARAMS_DIR, check_coverage, flatten, nest
 
 # Orbax stores each array in chunks of at most this many bytes, so a sharded
 # restore reads only the chunks a device needs.
@@ -39,45 +37,9 @@ CHUNK_BYTES = 64 * 2**20
 USE_COMPRESSION = False
 
 
-# ---------------------------------------------------------------------------
-# Flat views of parameter trees.
-
-def flatten(tree) -> dict[str, Any]:
-  """{'a.layers.0.kernel': leaf} of an nnx.State or a nested dict."""
-  if isinstance(tree, nnx.State):
-    tree = nnx.to_pure_dict(tree)
-  leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[0]
-  return {rules_lib.flax_path_str(path): leaf for path, leaf in leaves}
-
-
-def nest(flat: dict[str, Any]) -> dict:
-  """Inverse of `flatten` for dicts; integer segments become int keys (like nnx.to_pure_dict)."""
-  out: dict = {}
-  for path, leaf in flat.items():
-    node = out
-    parts = [int(p) if p.isdigit() else p for p in path.split(".")]
-    for p in parts[:-1]:
-      node = node.setdefault(p, {})
-    node[parts[-1]] = leaf
-  return out
-
-
 def expected_params(component: components_lib.Component, cfg) -> dict[str, jax.ShapeDtypeStruct]:
   """{flax path: ShapeDtypeStruct} of the model's nnx.Param leaves."""
   return flatten(nnx.state(component.build_abstract(cfg), nnx.Param))
-
-
-def check_coverage(where: str, missing=(), unexpected=(), mismatched=()):
-  """One ValueError listing every missing / unexpected / mis-shaped key."""
-  lines = []
-  if missing:
-    lines.append(f"missing ({len(missing)}): " + ", ".join(missing))
-  if unexpected:
-    lines.append(f"unexpected ({len(unexpected)}): " + ", ".join(unexpected))
-  if mismatched:
-    lines.append(f"shape mismatch ({len(mismatched)}): " + "; ".join(mismatched))
-  if lines:
-    raise ValueError(f"{where}:\n  " + "\n  ".join(lines))
 
 
 # ---------------------------------------------------------------------------
@@ -140,6 +102,31 @@ def plan_component(component: components_lib.Component, src_dir: str, cfg=None):
   return list(plan.values()), reader
 
 
+def plan_state_dict(state: dict[str, np.ndarray], key_map: rules_lib.KeyMap, expected: dict, where: str
+                    ) -> dict[str, np.ndarray]:
+  """{flax path: array} of an in-memory state_dict (small published files: LPIPS, the aesthetic head),
+  checked like `plan_component`: one ValueError lists every unexpected, missing and mis-shaped key."""
+  out, unexpected, mismatched = {}, [], []
+  for key, value in state.items():
+    match = key_map.hf_to_flax(key)
+    if match is None or match[0] not in expected:
+      unexpected.append(key)
+      continue
+    path, transform = match
+    want = tuple(expected[path].shape)
+    try:
+      got = transform.flax_shape(value.shape)
+    except ValueError as e:
+      got = f"({e})"
+    if got != want:
+      mismatched.append(f"{key} {list(value.shape)} -> {path} gives {got}, model expects {want}")
+      continue
+    out[path] = transform.to_flax(value)
+  missing = [f"{key_map.flax_to_hf(p)[0]} (for {p})" for p in expected if p not in out]
+  check_coverage(where, missing, unexpected, mismatched)
+  return out
+
+
 # ---------------------------------------------------------------------------
 # Sequential, lazily materialised Orbax save.
 
@@ -198,6 +185,20 @@ def save_params(params_dir: str, flat: dict[str, LazyArray | np.ndarray]):
 # ---------------------------------------------------------------------------
 # Whole folders.
 
+def write_model_folder(out_dir: str, config_dict: dict, flat: dict[str, np.ndarray]) -> dict:
+  """`out_dir`/{config.json, params/} of a small model held in memory; returns a summary."""
+  params_dir = os.path.join(out_dir, PARAMS_DIR)
+  if os.path.exists(params_dir):
+    raise ValueError(f"{params_dir} already exists; remove it or choose another out_dir")
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, CONFIG_NAME), "w") as f:
+    json.dump(config_dict, f, indent=2)
+  save_params(params_dir, flat)
+  return {"tensors": len(flat), "bytes": sum(a.nbytes for a in flat.values()), "config": config_dict}
+
+
+
+
 def copy_component_files(src_dir: str, dst_dir: str, skip=()):
   """Copies the non-weight files of a component folder verbatim."""
   os.makedirs(dst_dir, exist_ok=True)
@@ -216,7 +217,7 @@ def convert_component(component, src_dir: str, dst_dir: str, plan=None, reader=N
       p.flax_path: LazyArray(p.flax_shape, p.hf.dtype, functools.partial(p.load, reader))
       for p in plan}
   copy_component_files(src_dir, dst_dir)
-  save_params(os.path.join(dst_dir, components_lib.PARAMS_DIR), leaves)
+  save_params(os.path.join(dst_dir, PARAMS_DIR), leaves)
   return {"tensors": len(plan), "bytes": sum(p.hf.nbytes for p in plan),
           "largest": max((p.hf.nbytes for p in plan), default=0)}
 
@@ -234,7 +235,7 @@ def _check_model_index(hf_dir: str, names):
       raise ValueError(f"{path}: {name} is {listed}, the converter handles {want}")
 
 
-def convert(hf_dir: str, out_dir: str, log: Callable[[str], None] = print) -> dict:
+def convert_pipeline(hf_dir: str, out_dir: str, log: Callable[[str], None] = print) -> dict:
   """Converts every component present in `hf_dir`; returns {'converted', 'skipped', 'copied'}.
 
   All present components are validated (configs, keys, shapes) before any
@@ -249,8 +250,8 @@ def convert(hf_dir: str, out_dir: str, log: Callable[[str], None] = print) -> di
   _check_model_index(hf_dir, present)
   plans = {n: plan_component(components_lib.get(n), os.path.join(hf_dir, n)) for n in present}
   for n in present:
-    if os.path.exists(os.path.join(out_dir, n, components_lib.PARAMS_DIR)):
-      raise ValueError(f"{os.path.join(out_dir, n, components_lib.PARAMS_DIR)} already exists")
+    if os.path.exists(os.path.join(out_dir, n, PARAMS_DIR)):
+      raise ValueError(f"{os.path.join(out_dir, n, PARAMS_DIR)} already exists")
   for n in skipped:
     log(f"skipped {n}: not in {hf_dir}")
   converted = {}
@@ -277,129 +278,3 @@ def copy_pipeline_files(src: str, dst: str, log) -> list[str]:
     shutil.copy2(os.path.join(src, components_lib.MODEL_INDEX), dst)
     copied.append(components_lib.MODEL_INDEX)
   return copied
-
-
-# ---------------------------------------------------------------------------
-# Reading Orbax parameter checkpoints.
-
-def params_dir_of(directory: str) -> str:
-  """`directory`/params if present, else `directory` itself when it is an Orbax checkpoint."""
-  sub = os.path.join(directory, components_lib.PARAMS_DIR)
-  for d in (sub, directory):
-    if os.path.isfile(os.path.join(d, "_METADATA")):
-      return d
-  raise FileNotFoundError(f"no Orbax parameter checkpoint at {sub} or {directory}")
-
-
-@dataclasses.dataclass(frozen=True)
-class StoredLeaf:
-  keys: tuple[str, ...]   # the checkpoint's own tree keys
-  shape: tuple[int, ...]
-  dtype: np.dtype
-
-
-def stored_leaves(params_dir: str) -> dict[str, StoredLeaf]:
-  """{flax path: StoredLeaf} of a checkpoint, from its metadata only.
-
-  A trailing '.value' (what saving an nnx.State directly produces) is dropped
-  so both pure-dict and State checkpoints give the model's param paths.
-  """
-  meta = ocp.PyTreeCheckpointHandler().metadata(epath.Path(os.path.abspath(params_dir)))
-  tree = meta.tree if hasattr(meta, "tree") else meta
-  out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    keys = tuple(str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path)
-    name = ".".join(keys[:-1] if keys[-1] == "value" and len(keys) > 1 else keys)
-    if name in out:
-      raise ValueError(f"{params_dir}: two leaves map to {name}")
-    out[name] = StoredLeaf(keys, tuple(leaf.shape), np.dtype(leaf.dtype))
-  return out
-
-
-def nest_keys(pairs) -> dict:
-  out: dict = {}
-  for keys, value in pairs:
-    node = out
-    for k in keys[:-1]:
-      node = node.setdefault(k, {})
-    node[keys[-1]] = value
-  return out
-
-
-def get_path(tree, keys):
-  for k in keys:
-    tree = tree[k]
-  return tree
-
-
-_DEFAULT_SHARDING = []
-
-
-@contextlib.contextmanager
-def default_sharding(sharding):
-  """Where `load_params` puts leaves that name no sharding, inside the block (e.g. replicated on
-  the training mesh, so model-backed rewards can be used by jitted code sharded over it)."""
-  _DEFAULT_SHARDING.append(sharding)
-  try:
-    yield
-  finally:
-    _DEFAULT_SHARDING.pop()
-
-
-def _default_sharding():
-  if _DEFAULT_SHARDING:
-    return _DEFAULT_SHARDING[-1]
-  return jax.sharding.SingleDeviceSharding(jax.devices()[0])
-
-
-def load_params(component_dir: str, abstract_state=None, shardings=None) -> nnx.State:
-  """Restores a component's parameters as an nnx.State of jax.Arrays.
-
-  `abstract_state`: the nnx Param state (ShapeDtypeStruct leaves) to restore
-  into; its dtypes are the restored dtypes. Default: built from
-  `component_dir`/config.json. `shardings`: a Sharding for every leaf, or a
-  tree like `abstract_state` of Shardings; default: each leaf's own
-  `.sharding`, else the first device.
-  """
-  params_dir = params_dir_of(component_dir)
-  if abstract_state is None:
-    component = components_lib.get(os.path.basename(os.path.normpath(component_dir)))
-    cfg = component.config_from_hf(component.read_config(component_dir))
-    abstract_state = nnx.state(component.build_abstract(cfg), nnx.Param)
-  abstract = flatten(abstract_state)
-  if shardings is None:
-    shard = {k: getattr(v, "sharding", None) or _default_sharding() for k, v in abstract.items()}
-  elif isinstance(shardings, jax.sharding.Sharding):
-    shard = {k: shardings for k in abstract}
-  else:
-    shard = flatten(shardings)
-    if set(shard) != set(abstract):
-      raise ValueError(f"shardings paths differ from abstract_state: "
-                       f"{sorted(set(shard) ^ set(abstract))}")
-  stored = stored_leaves(params_dir)
-  mismatched = [f"{k}: checkpoint {list(stored[k].shape)}, model {list(v.shape)}"
-                for k, v in abstract.items() if k in stored and stored[k].shape != tuple(v.shape)]
-  check_coverage(params_dir, sorted(set(abstract) - set(stored)),
-                 sorted(set(stored) - set(abstract)), mismatched)
-  item = nest_keys(
-      (stored[k].keys, jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shard[k]))
-      for k, v in abstract.items())
-  restore_args = ocp.checkpoint_utils.construct_restore_args(item)
-  restored = ocp.PyTreeCheckpointer().restore(
-      os.path.abspath(params_dir), args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args))
-  state = jax.tree.map(lambda x: x, abstract_state)
-  nnx.replace_by_pure_dict(state, nest({k: get_path(restored, stored[k].keys) for k in abstract}))
-  return state
-
-
-def load_model(component_dir: str, **config_overrides):
-  """Builds a component's config and nnx model from `component_dir` and fills its weights.
-
-  The folder name picks the component (e.g. .../transformer); keyword
-  arguments replace config fields (e.g. param_dtype=jnp.bfloat16).
-  """
-  component = components_lib.get(os.path.basename(os.path.normpath(component_dir)))
-  cfg = component.config_from_hf(component.read_config(component_dir), **config_overrides)
-  graphdef, abstract, rest = component.build(cfg)
-  params = load_params(component_dir, abstract)
-  return nnx.merge(graphdef, params, rest)

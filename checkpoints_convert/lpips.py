@@ -1,4 +1,4 @@
-"""LPIPS-VGG16 weights: the two published files -> one Orbax folder `glmrl.rewards.lpips` loads.
+"""LPIPS-VGG16 weights: the two published files -> one Orbax folder `glmrl.models.lpips.load_lpips` reads.
 
     python -m checkpoints_convert.lpips --vgg16=vgg16-397923af.pth \
         --lpips=<site-packages>/lpips/weights/v0.1/vgg.pth --out_dir=lpips_vgg
@@ -15,23 +15,19 @@ held in memory; a legacy-format torchvision file is read whole (~0.5 GB, classif
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-
-import glmrl  # noqa: F401
 
 import numpy as np
 from flax import nnx
 
+from checkpoints_convert import cli
 from checkpoints_convert import hf_to_flax
 from checkpoints_convert.torch_files import read_state_dict
 from checkpoints_convert.maps import lpips as lpips_map
 from checkpoints_convert.rules import KeyMap
+from glmrl.checkpoint.params import flatten
 from glmrl.models.vgg import CONVS_PER_BLOCK, VGG16Config, torchvision_conv_indices
-from glmrl.rewards.lpips import CONFIG_NAME, LPIPS, LPIPSConfig
-
-
+from glmrl.models.lpips import LPIPS, LPIPSConfig
 
 
 def config_from_vgg(state: dict[str, np.ndarray], where: str) -> LPIPSConfig:
@@ -52,31 +48,11 @@ def config_from_vgg(state: dict[str, np.ndarray], where: str) -> LPIPSConfig:
 
 def plan(state: dict[str, np.ndarray], cfg: LPIPSConfig, where: str) -> dict[str, np.ndarray]:
   """{flax path: array} for every LPIPS parameter; one ValueError lists every problem."""
-  key_map = KeyMap(lpips_map.RULES)
-  abstract = nnx.eval_shape(lambda: LPIPS(cfg, rngs=nnx.Rngs(0)))
-  expected = hf_to_flax.flatten(nnx.state(abstract, nnx.Param))
-  out, unexpected, mismatched = {}, [], []
-  for key, value in state.items():
-    match = key_map.hf_to_flax(key)
-    if match is None or match[0] not in expected:
-      unexpected.append(key)
-      continue
-    path, transform = match
-    want = tuple(expected[path].shape)
-    try:
-      got = transform.flax_shape(value.shape)
-    except ValueError as e:
-      got = f"({e})"
-    if got != want:
-      mismatched.append(f"{key} {list(value.shape)} -> {path} gives {got}, model expects {want}")
-      continue
-    out[path] = transform.to_flax(value)
-  missing = [f"{key_map.flax_to_hf(p)[0]} (for {p})" for p in expected if p not in out]
-  hf_to_flax.check_coverage(where, missing, unexpected, mismatched)
-  return out
+  expected = flatten(nnx.state(nnx.eval_shape(lambda: LPIPS(cfg, rngs=nnx.Rngs(0))), nnx.Param))
+  return hf_to_flax.plan_state_dict(state, KeyMap(lpips_map.RULES), expected, where)
 
 
-def convert(vgg16_path: str, lpips_path: str, out_dir: str) -> dict:
+def convert_lpips(vgg16_path: str, lpips_path: str, out_dir: str) -> dict:
   """Writes `out_dir`/{config.json, params/}; returns {'tensors', 'bytes', 'config'}."""
   vgg = read_state_dict(vgg16_path, keep=lambda k: not k.startswith(lpips_map.IGNORED_PREFIXES))
   heads = read_state_dict(lpips_path)
@@ -85,14 +61,7 @@ def convert(vgg16_path: str, lpips_path: str, out_dir: str) -> dict:
     raise ValueError(f"{vgg16_path} and {lpips_path} both hold {sorted(both)}")
   cfg = config_from_vgg(vgg, vgg16_path)
   flat = plan({**vgg, **heads}, cfg, f"LPIPS from {vgg16_path} + {lpips_path}")
-  params_dir = os.path.join(out_dir, "params")
-  if os.path.exists(params_dir):
-    raise ValueError(f"{params_dir} already exists; remove it or choose another out_dir")
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, CONFIG_NAME), "w") as f:
-    json.dump(cfg.to_hf(), f, indent=2)
-  hf_to_flax.save_params(params_dir, flat)
-  return {"tensors": len(flat), "bytes": sum(a.nbytes for a in flat.values()), "config": cfg.to_hf()}
+  return hf_to_flax.write_model_folder(out_dir, cfg.to_hf(), flat)
 
 
 def main(argv=None) -> int:
@@ -101,13 +70,12 @@ def main(argv=None) -> int:
   p.add_argument("--lpips", required=True, help="lpips package weights/v0.1/vgg.pth (or .safetensors)")
   p.add_argument("--out_dir", required=True, help="folder to write config.json and params/ into")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    done = convert(args.vgg16, args.lpips, args.out_dir)
-  except (ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  print(f"converted LPIPS-VGG16: {done['tensors']} tensors, {done['bytes'] / 1e6:.1f} MB -> {args.out_dir}")
-  return 0
+
+  def convert():
+    done = convert_lpips(args.vgg16, args.lpips, args.out_dir)
+    return f"converted LPIPS-VGG16: {done['tensors']} tensors, {done['bytes'] / 1e6:.1f} MB -> {args.out_dir}"
+
+  return cli.run(convert)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from glmrl.checkpoint.params import flax_path_str  # noqa: F401  (the path spelling the rules match)
+
 
 @dataclasses.dataclass(frozen=True)
 class Permute:
@@ -130,8 +132,3 @@ class KeyMap:
       if m:
         return rule.hf.format(**m.groupdict()), rule.transform
     return None
-
-
-def flax_path_str(path: Sequence) -> str:
-  """('text', 'layers', 0, 'kernel') -> 'text.layers.0.kernel'."""
-  return ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)

@@ -1,4 +1,24 @@
-"""glmrl: GRPO post-training of GLM-Image in JAX/Flax NNX."""
+"""glmrl: GRPO post-training of GLM-Image in JAX/Flax NNX.
+
+Tensor names carry their shapes after the last underscore, one letter per axis joined by `x`
+(`q_BxLxHxD`); letters written together name one flattened axis (`flat_YLxD`: Y x L rows), digits
+are literal sizes, and `...`-style leading axes take the names of the common case. Each letter has
+one meaning throughout the package:
+
+  B  rows of a batch (samples; prompts x group size in a rollout)
+  P  prompts (groups of a rollout)            G  samples per prompt (the group size)
+  N  generated (new) tokens of a sample       S  a whole sequence (prompt + generated, or a joint
+  L  tokens of this call's input (queries)       text + image sequence)
+  T  key/value tokens attended to (cache slots, text tokens)
+  X  image tokens or patches                  Y  glyph texts (quoted strings) of a batch
+  E  model width                              D  per-head or per-token feature width
+  H  attention heads                          K  key/value heads        Q  query heads per key/value head
+  I  input width of a linear map              O  output width           J  members of a stacked kernel
+  U  chunks of a chunked loop                 Z  tokens of one chunk    M  micro-batches
+  R  LoRA rank
+  V  vocabulary or codebook entries           C  channels               F  features (frequencies, patch pixels)
+  A  rotary (angle) features                  h, w  spatial height and width (pixels, latents or grids)
+"""
 
 import flax
 

@@ -2,7 +2,7 @@
 
 Both released layouts (openai/clip-vit-large-patch14, the OpenCLIP ViT-H/14 of PickScore) share these
 keys. Checkpoints saved before transformers 4.31 also hold `{text,vision}_model.embeddings.position_ids`
-(arange buffers, not parameters); `glmrl.models.clip.convert` drops them before conversion.
+(arange buffers, not parameters); `checkpoints_convert.clip` drops them before conversion.
 """
 
 from checkpoints_convert.rules import CONV2D, IDENTITY, TRANSPOSE, Rule

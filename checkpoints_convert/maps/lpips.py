@@ -1,4 +1,4 @@
-"""Key map of LPIPS-VGG16 <-> `glmrl.rewards.lpips.LPIPS`.
+"""Key map of LPIPS-VGG16 <-> `glmrl.models.lpips.LPIPS`.
 
 Two published files feed one model: torchvision's `vgg16` state_dict (`features.{0,2,5,...}.weight`
 / `.bias`; its `classifier.*` keys are not part of LPIPS and are dropped by the converter) and the

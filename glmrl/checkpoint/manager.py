@@ -175,6 +175,29 @@ def restore_newest(directory: str, steps, restore):
   return None, None, []
 
 
+def restore_trained_params(workdir: str, like_state):
+  """(params state, step) of the newest training checkpoint in `<workdir>/checkpoints` that restores,
+  or (None, None) without checkpoints.
+
+  Only the `params` item is read, onto the shardings and dtypes of `like_state`. An unreadable step
+  is reported and the next older one tried; nothing is moved or changed (sampling and evaluation
+  are read-only: the training run sets unreadable steps aside). CheckpointError when none restores.
+  """
+  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+  if not os.path.isdir(directory):
+    return None, None
+  manager = ocp.CheckpointManager(directory, item_names=("params",),
+                                  options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like_state)
+  try:
+    step, restored, _ = restore_newest(
+        directory, manager.all_steps(),
+        lambda s: manager.restore(s, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract))))
+  finally:
+    manager.close()
+  return (None, None) if step is None else (restored.params, step)
+
+
 def describe_failure(step_path: str, error: BaseException) -> str:
   """One line: the innermost error of the chain (TensorStore wraps the cause in a page-long spec),
   plus the PyTree items whose _METADATA is missing (Orbax then reports only a pytree mismatch)."""

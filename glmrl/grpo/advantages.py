@@ -46,11 +46,11 @@ def constant_groups(rewards, group_size, *, std_eps=STD_EPS):
   return _constant_groups(rewards.astype(jnp.float32).reshape(-1, int(group_size)), std_eps)
 
 
-def _constant_groups(r_GxN, std_eps):
-  scale_G = jnp.max(jnp.abs(r_GxN), axis=1)
-  std_G = jnp.std(r_GxN, axis=1, ddof=1)
-  equal_G = jnp.max(r_GxN, axis=1) == jnp.min(r_GxN, axis=1)
-  return equal_G | (std_G <= jnp.asarray(std_eps, jnp.float32) * scale_G)
+def _constant_groups(r_PxG, std_eps):
+  scale_P = jnp.max(jnp.abs(r_PxG), axis=1)
+  std_P = jnp.std(r_PxG, axis=1, ddof=1)
+  equal_P = jnp.max(r_PxG, axis=1) == jnp.min(r_PxG, axis=1)
+  return equal_P | (std_P <= jnp.asarray(std_eps, jnp.float32) * scale_P)
 
 
 def group_advantages(rewards, group_size, *, scale="group", estimator="grpo", std_eps=STD_EPS):
@@ -71,18 +71,18 @@ def group_advantages(rewards, group_size, *, scale="group", estimator="grpo", st
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _group_advantages(rewards, group_size, scale, estimator, std_eps):
-  r_GxN = rewards.astype(jnp.float32).reshape(-1, group_size)
-  centred_GxN = r_GxN - r_GxN.mean(axis=1, keepdims=True)
+  r_PxG = rewards.astype(jnp.float32).reshape(-1, group_size)
+  centred_PxG = r_PxG - r_PxG.mean(axis=1, keepdims=True)
   if estimator == "rloo":
     # r_i - (sum - r_i) / (n - 1) == n / (n - 1) * (r_i - mean).
-    centred_GxN = centred_GxN * (group_size / (group_size - 1))
-  constant_G1 = _constant_groups(r_GxN, std_eps)[:, None]
+    centred_PxG = centred_PxG * (group_size / (group_size - 1))
+  constant_Px1 = _constant_groups(r_PxG, std_eps)[:, None]
   if scale == "group":
-    std = jnp.std(r_GxN, axis=1, ddof=1, keepdims=True)
+    std = jnp.std(r_PxG, axis=1, ddof=1, keepdims=True)
   elif scale == "batch":
-    std = jnp.std(r_GxN, ddof=1)
+    std = jnp.std(r_PxG, ddof=1)
   else:
     std = jnp.ones((), jnp.float32)
   # Every non-constant group has std > 0; the guard only keeps 0/0 out of the discarded branch.
   safe_std = jnp.where(std > 0, std, 1.0)
-  return jnp.where(constant_G1, 0.0, centred_GxN / safe_std).reshape(-1)
+  return jnp.where(constant_Px1, 0.0, centred_PxG / safe_std).reshape(-1)

@@ -85,27 +85,27 @@ def policy_loss(logp, old_logp, advantages, mask, *, epsilon_low=0.2, epsilon_hi
       raise ValueError(f"max_tokens={max_tokens!r} must be a positive integer")
 
   f32 = jnp.float32
-  logp_BxT, old_BxT = logp.astype(f32), old_logp.astype(f32)
-  mask_BxT = mask.astype(f32)
+  logp_BxN, old_BxN = logp.astype(f32), old_logp.astype(f32)
+  mask_BxN = mask.astype(f32)
   adv_Bx1 = advantages.astype(f32)[:, None]
-  length = logp_BxT.shape[1]
+  length = logp_BxN.shape[1]
 
-  ratio_BxT = jnp.exp(logp_BxT - old_BxT)
+  ratio_BxN = jnp.exp(logp_BxN - old_BxN)
   lo, hi = 1.0 - epsilon_low, 1.0 + epsilon_high
-  surrogate_BxT = jnp.minimum(ratio_BxT * adv_Bx1, jnp.clip(ratio_BxT, lo, hi) * adv_Bx1)
+  surrogate_BxN = jnp.minimum(ratio_BxN * adv_Bx1, jnp.clip(ratio_BxN, lo, hi) * adv_Bx1)
   if use_tis:
-    raw_w_BxT = jnp.exp(old_BxT - sampler_logp.astype(f32))
-    w_BxT = truncated_is_weights(old_BxT, sampler_logp, tis_cap)
-    surrogate_BxT = w_BxT * surrogate_BxT
-  per_token_BxT = -surrogate_BxT
+    raw_w_BxN = jnp.exp(old_BxN - sampler_logp.astype(f32))
+    w_BxN = truncated_is_weights(old_BxN, sampler_logp, tis_cap)
+    surrogate_BxN = w_BxN * surrogate_BxN
+  per_token_BxN = -surrogate_BxN
 
   use_kl = ref_logp is not None and not (is_static(beta) and beta == 0)
   if use_kl:
-    kl_BxT = kl_estimate(logp_BxT, ref_logp.astype(f32), kl)
-    per_token_BxT = per_token_BxT + jnp.asarray(beta, f32) * kl_BxT
+    kl_BxN = kl_estimate(logp_BxN, ref_logp.astype(f32), kl)
+    per_token_BxN = per_token_BxN + jnp.asarray(beta, f32) * kl_BxN
 
-  token_sum_B = jnp.sum(per_token_BxT * mask_BxT, axis=1)
-  count_B = jnp.sum(mask_BxT, axis=1)
+  token_sum_B = jnp.sum(per_token_BxN * mask_BxN, axis=1)
+  count_B = jnp.sum(mask_BxN, axis=1)
   # Sequences in the batch: those with at least one token in the loss.
   rows = jnp.sum((count_B > 0).astype(f32))
   if aggregation == "seq_mean_token_mean":
@@ -119,25 +119,25 @@ def policy_loss(logp, old_logp, advantages, mask, *, epsilon_low=0.2, epsilon_hi
     denominator = rows * (length if max_tokens is None else int(max_tokens))
   loss = jnp.where(denominator > 0, numerator / jnp.maximum(denominator, 1e-30), 0.0)
 
-  valid_BxT = mask_BxT > 0
-  n_valid = jnp.maximum(jnp.sum(valid_BxT), 1)
+  valid_BxN = mask_BxN > 0
+  n_valid = jnp.maximum(jnp.sum(valid_BxN), 1)
 
-  def masked_mean(x_BxT):
-    return jnp.sum(jnp.where(valid_BxT, x_BxT, 0.0)) / n_valid
+  def masked_mean(x_BxN):
+    return jnp.sum(jnp.where(valid_BxN, x_BxN, 0.0)) / n_valid
 
-  any_valid = jnp.any(valid_BxT)
+  any_valid = jnp.any(valid_BxN)
   aux = {
       "numerator": numerator,
       "denominator": denominator,
-      "ratio_mean": masked_mean(ratio_BxT),
-      "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(valid_BxT, ratio_BxT, jnp.inf)), 1.0),
-      "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(valid_BxT, ratio_BxT, -jnp.inf)), 1.0),
+      "ratio_mean": masked_mean(ratio_BxN),
+      "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(valid_BxN, ratio_BxN, jnp.inf)), 1.0),
+      "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(valid_BxN, ratio_BxN, -jnp.inf)), 1.0),
       # Tokens whose clipped branch is active (their gradient is zero).
-      "clip_frac_low": masked_mean(((ratio_BxT < lo) & (adv_Bx1 < 0)).astype(f32)),
-      "clip_frac_high": masked_mean(((ratio_BxT > hi) & (adv_Bx1 > 0)).astype(f32)),
-      "kl_mean": masked_mean(kl_BxT) if use_kl else jnp.zeros((), f32),
-      "tis_weight_mean": masked_mean(w_BxT) if use_tis else jnp.ones((), f32),
+      "clip_frac_low": masked_mean(((ratio_BxN < lo) & (adv_Bx1 < 0)).astype(f32)),
+      "clip_frac_high": masked_mean(((ratio_BxN > hi) & (adv_Bx1 > 0)).astype(f32)),
+      "kl_mean": masked_mean(kl_BxN) if use_kl else jnp.zeros((), f32),
+      "tis_weight_mean": masked_mean(w_BxN) if use_tis else jnp.ones((), f32),
       # Tokens whose importance weight the cap truncated.
-      "tis_capped_frac": masked_mean((raw_w_BxT > tis_cap).astype(f32)) if use_tis else jnp.zeros((), f32),
+      "tis_capped_frac": masked_mean((raw_w_BxN > tis_cap).astype(f32)) if use_tis else jnp.zeros((), f32),
   }
   return loss, aux

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from glmrl import sharding as sharding_lib
+from glmrl.checkpoint import params as params_lib
 from glmrl.errors import UserError
 from glmrl.models.ar.config import ARConfig
 from glmrl.models.ar.image_processing import ImageProcessorConfig
@@ -26,7 +27,7 @@ from glmrl.models.glyph.config import T5EncoderConfig
 from glmrl.models.glyph.t5 import T5Encoder
 from glmrl.models.vae.config import VAEConfig
 from glmrl.models.vae.model import AutoencoderKL
-from glmrl.sampling.scheduler import SchedulerConfig
+from glmrl.models.scheduler import SchedulerConfig
 
 # name -> (checkpoint sub-folder, model class)
 COMPONENTS = {
@@ -145,20 +146,14 @@ def init_params(name: str, cfg, seed: int, shardings):
   return jax.jit(init, out_shardings=shardings)()
 
 
-def load_params(checkpoint_dir: str, name: str, abstract_state, shardings):
-  """A converted component's parameters restored onto `shardings`."""
-  from checkpoints_convert.hf_to_flax import load_params as restore  # converter owns the on-disk layout
-
-  folder, _ = COMPONENTS[name]
-  return restore(os.path.join(checkpoint_dir, folder), abstract_state, shardings)
-
-
 def build(name: str, cfg, *, mesh=None, checkpoint_dir: str = "", seed: int = 0):
   """(graphdef, params) of one component: restored from checkpoint_dir, or randomly initialised."""
   graphdef, abstract = abstract_model(name, cfg)
   shardings = sharding_lib.state_shardings(abstract, mesh) if mesh is not None else None
   if checkpoint_dir:
-    params = load_params(checkpoint_dir, name, abstract, shardings)
+    folder, _ = COMPONENTS[name]
+    params = params_lib.restore_params(os.path.join(checkpoint_dir, folder), abstract,
+                                       shardings or params_lib.first_device())
   else:
     params = init_params(name, cfg, seed, shardings)
   return graphdef, params

@@ -91,12 +91,12 @@ class VGG16Features(nnx.Module):
                  bias_metadata={"out_sharding": (CONV_OUT,)})
         for cin, cout in cfg.conv_channels])
 
-  def __call__(self, x_BxHxWxC: jax.Array) -> list[jax.Array]:
-    if x_BxHxWxC.ndim != 4 or x_BxHxWxC.shape[-1] != self.cfg.in_channels:
-      raise ValueError(f"VGG16 input must be [B, H, W, {self.cfg.in_channels}], got {x_BxHxWxC.shape}")
-    if min(x_BxHxWxC.shape[1:3]) < 2 ** (len(CONVS_PER_BLOCK) - 1):
-      raise ValueError(f"VGG16 input {x_BxHxWxC.shape} is smaller than 16 px: the fifth block would be empty")
-    h = x_BxHxWxC.astype(self.cfg.dtype)
+  def __call__(self, x_BxhxwxC: jax.Array) -> list[jax.Array]:
+    if x_BxhxwxC.ndim != 4 or x_BxhxwxC.shape[-1] != self.cfg.in_channels:
+      raise ValueError(f"VGG16 input must be [B, H, W, {self.cfg.in_channels}], got {x_BxhxwxC.shape}")
+    if min(x_BxhxwxC.shape[1:3]) < 2 ** (len(CONVS_PER_BLOCK) - 1):
+      raise ValueError(f"VGG16 input {x_BxhxwxC.shape} is smaller than 16 px: the fifth block would be empty")
+    h = x_BxhxwxC.astype(self.cfg.dtype)
     taps, i = [], 0
     for block, n in enumerate(CONVS_PER_BLOCK):
       if block:

@@ -1,8 +1,8 @@
 """LAION aesthetic predictor (model-backed, pure JAX): the MLP head on unit-norm CLIP ViT-L/14 image
 embeddings, about 1-10 (higher is more aesthetic), the reward of DDPO and Flow-GRPO.
 
-Needs two converted folders: the CLIP (`python -m glmrl.models.clip.convert` of
-openai/clip-vit-large-patch14) and the head (`python -m glmrl.models.clip.aesthetic --pth
+Needs two converted folders: the CLIP (`python -m checkpoints_convert.clip` of
+openai/clip-vit-large-patch14) and the head (`python -m checkpoints_convert.aesthetic --pth
 sac+logos+ava1-l14-linearMSE.pth --out_dir ...`):
 
     {"name": "laion_aesthetic", "weight": 1.0,
@@ -33,19 +33,20 @@ def make_aesthetic(embedder, head) -> ModelReward:
 
 
 @functools.lru_cache(maxsize=2)
-def _cached_head(head_dir: str):
+def _cached_head(head_dir: str, sharding):
   from glmrl.models.clip.aesthetic import load_head
 
-  return load_head(head_dir)
+  return load_head(head_dir, sharding)
 
 
-def aesthetic_factory(clip_dir: str, head_dir: str) -> ModelReward:
-  """Loads (once per folder) the converted CLIP and aesthetic head."""
+def aesthetic_factory(clip_dir: str, head_dir: str, *, sharding=None) -> ModelReward:
+  """Loads (once per folder and sharding) the converted CLIP and aesthetic head."""
   from glmrl.models.clip.embedder import cached_embedder
 
   if not isinstance(head_dir, str) or not head_dir:
     raise ValueError(f"reward {NAME!r}: head_dir={head_dir!r} must name a converted aesthetic head folder")
-  return make_aesthetic(cached_embedder(clip_dir), _cached_head(os.path.abspath(head_dir)))
+  return make_aesthetic(cached_embedder(clip_dir, sharding=sharding),
+                        _cached_head(os.path.abspath(head_dir), sharding))
 
 
 register_factory(NAME, aesthetic_factory, pure_jax=True)

@@ -1,6 +1,6 @@
 """CLIP text-image score (model-backed, pure JAX): `scale * cos(image embedding, prompt embedding)`.
 
-Default CLIP: openai/clip-vit-large-patch14, converted with `python -m glmrl.models.clip.convert`.
+Default CLIP: openai/clip-vit-large-patch14, converted with `python -m checkpoints_convert.clip`.
 Default `scale=100`: the "CLIP score" of torchmetrics and of most text-to-image papers is
 100 * max(cos, 0) (Hessel et al. 2021's CLIP-S is 2.5 * max(cos, 0)). The clamp at 0 is left out:
 a reward must keep ranking the images of a group even when all of them score below 0. Flow-GRPO's
@@ -36,45 +36,61 @@ def text_embeds_for(embedder, key: str, name: str, images, prompts, metadata):
   now from `prompts` (possible outside jit only)."""
   batch = images.shape[0]
   if metadata is not None and key in metadata:
-    text_BxP = jnp.asarray(metadata[key], jnp.float32)
+    text_BxE = jnp.asarray(metadata[key], jnp.float32)
   elif prompts is not None:
     if isinstance(prompts, str) or len(prompts) != batch:
       raise ValueError(f"reward {name!r}: got {prompts!r} as prompts for {batch} images")
-    text_BxP = jnp.asarray(embedder.text_embeds(list(prompts)))
+    text_BxE = jnp.asarray(embedder.text_embeds(list(prompts)))
   else:
     raise ValueError(f"reward {name!r} needs metadata[{key!r}] (the prompts' text embeddings) under jit: "
                      "merge RewardComposer.prepare(prompts, metadata) into the metadata first")
-  if tuple(text_BxP.shape) != (batch, embedder.dim):
-    raise ValueError(f"reward {name!r}: text embeddings of shape {tuple(text_BxP.shape)}, expected "
+  if tuple(text_BxE.shape) != (batch, embedder.dim):
+    raise ValueError(f"reward {name!r}: text embeddings of shape {tuple(text_BxE.shape)}, expected "
                      f"({batch}, {embedder.dim})")
-  return text_BxP
+  return text_BxE
 
 
-def cosine(embedder, images, text_BxP):
+def cosine(embedder, images, text_BxE):
   """Cosine similarity [B] of each image with its row of unit-norm text embeddings."""
-  return jnp.einsum("bp,bp->b", embedder.image_embeds(images), text_BxP)
+  return jnp.einsum("bp,bp->b", embedder.image_embeds(images), text_BxE)
+
+
+def similarity_reward(name: str, text_key: str, embedder, scale: float, *, logit_scale: bool = False
+                      ) -> ModelReward:
+  """`scale * cos(image, prompt)` (times the checkpoint's learned logit scale with `logit_scale`), with
+  the prompts' text embeddings prepared on the host under `text_key`: CLIP score and PickScore."""
+  scale = _check_scale(name, scale)
+
+  def prepare(prompts, metadata):
+    return {text_key: embedder.text_embeds(prompts)}
+
+  def reward(images, prompts, metadata):
+    check_images(images, name)
+    text_BxE = text_embeds_for(embedder, text_key, name, images, prompts, metadata)
+    return (scale * embedder.logit_scale() if logit_scale else scale) * cosine(embedder, images, text_BxE)
+
+  return ModelReward(reward, prepare)
+
+
+def load_similarity_reward(name: str, text_key: str, ckpt_dir: str, scale: float, tokenizer_dir: str | None,
+                           sharding, *, logit_scale: bool = False) -> ModelReward:
+  """`similarity_reward` of a converted CLIP folder, loaded once per (folder, sharding)."""
+  from glmrl.models.clip.embedder import cached_embedder
+
+  _check_scale(name, scale)
+  embedder = cached_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir, sharding=sharding)
+  return similarity_reward(name, text_key, embedder, scale, logit_scale=logit_scale)
 
 
 def make_clip_score(embedder, scale: float = 100.0) -> ModelReward:
   """The reward for a loaded `ClipEmbedder`."""
-  scale = _check_scale(NAME, scale)
-
-  def prepare(prompts, metadata):
-    return {TEXT_EMBEDS: embedder.text_embeds(prompts)}
-
-  def clip_score(images, prompts, metadata):
-    check_images(images, NAME)
-    return scale * cosine(embedder, images, text_embeds_for(embedder, TEXT_EMBEDS, NAME, images, prompts, metadata))
-
-  return ModelReward(clip_score, prepare)
+  return similarity_reward(NAME, TEXT_EMBEDS, embedder, scale)
 
 
-def clip_score_factory(ckpt_dir: str, scale: float = 100.0, tokenizer_dir: str | None = None) -> ModelReward:
-  """Loads (once per folder) a converted CLIP; `tokenizer_dir` defaults to `ckpt_dir`."""
-  from glmrl.models.clip.embedder import cached_embedder
-
-  _check_scale(NAME, scale)
-  return make_clip_score(cached_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir), scale)
+def clip_score_factory(ckpt_dir: str, scale: float = 100.0, tokenizer_dir: str | None = None, *,
+                       sharding=None) -> ModelReward:
+  """Loads (once per folder and sharding) a converted CLIP; `tokenizer_dir` defaults to `ckpt_dir`."""
+  return load_similarity_reward(NAME, TEXT_EMBEDS, ckpt_dir, scale, tokenizer_dir, sharding)
 
 
 register_factory(NAME, clip_score_factory, pure_jax=True)

@@ -9,7 +9,11 @@ normalisation and weighting.
 
 Model-backed rewards may need host-side inputs derived from the prompts (CLIP text
 embeddings): `prepare(prompts, metadata)` returns them as arrays, to be merged into
-the metadata given to `jax_scores` (the composer's own `__call__` does this).
+the metadata given to `jax_scores`.
+
+`score` is the one way a batch is scored, in training and in evaluation: host inputs prepared,
+host-side rewards run on fetched images, pure-JAX rewards and the weighted sum in one jitted
+program; the result stays on device. `__call__` is `score` fetched to numpy.
 """
 
 import inspect
@@ -47,7 +51,10 @@ def group_normalize(scores, group_size: int, std_eps=advantages_lib.STD_EPS):
 class RewardComposer:
   """Scores a batch with several rewards: `(images, prompts, metadata) -> (total[B], {name: scores[B]})`."""
 
-  def __init__(self, config: Sequence[Any], *, group_size: int | None = None, std_eps=advantages_lib.STD_EPS):
+  def __init__(self, config: Sequence[Any], *, group_size: int | None = None, std_eps=advantages_lib.STD_EPS,
+               sharding=None):
+    """`sharding`: where model-backed rewards put their weights (default: the first device); a run
+    passes its mesh's replicated sharding so its jitted programs can read them."""
     if isinstance(config, (str, bytes)) or not isinstance(config, Sequence) or not config:
       raise ValueError(f"reward config {config!r} must be a non-empty list of {{name, weight}} entries")
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer))
@@ -55,12 +62,13 @@ class RewardComposer:
       raise ValueError(f"group_size={group_size!r} must be a positive integer or None")
     self.group_size = None if group_size is None else int(group_size)
     self.std_eps = float(std_eps)  # near-constant threshold of the per-group normalisation (grpo.std_eps)
+    self.sharding = sharding
     self.entries = tuple(self._parse_entry(i, e) for i, e in enumerate(config))
     seen = [e["name"] for e in self.entries]
     dupes = sorted({n for n in seen if seen.count(n) > 1})
     if dupes:
       raise ValueError(f"reward config lists {dupes} more than once; give one entry per reward")
-    self._jax_scores_jit = jax.jit(self.jax_scores)
+    self._device_scores_jit = jax.jit(self._device_scores)
 
   def _parse_entry(self, i: int, entry: Any) -> dict[str, Any]:
     if hasattr(entry, "to_dict"):  # ml_collections.ConfigDict
@@ -88,13 +96,15 @@ class RewardComposer:
     if not isinstance(kwargs, Mapping):
       raise ValueError(f"reward {reward.name!r}: kwargs={kwargs!r} must be a mapping")
     try:
-      if reward.model_backed:
+      if reward.places_weights:
+        inspect.signature(reward.fn).bind(**kwargs, sharding=None)
+      elif reward.model_backed:
         inspect.signature(reward.fn).bind(**kwargs)
       else:
         inspect.signature(reward.fn).bind(None, None, None, **kwargs)
     except TypeError as e:
       raise ValueError(f"reward {reward.name!r}: bad kwargs {dict(kwargs)!r}: {e}") from e
-    built = reward.build(**kwargs)
+    built = reward.build(self.sharding, **kwargs)
     return {"name": reward.name, "reward": reward, "weight": float(weight), "normalize": normalize,
             "kwargs": dict(kwargs), "fn": built.fn, "prepare": built.prepare}
 
@@ -147,8 +157,21 @@ class RewardComposer:
       total = total + e["weight"] * s
     return total
 
-  def __call__(self, images, prompts: Sequence[str], metadata: Mapping[str, Any] | None = None):
-    """Returns (total float32[B], {name: raw float32[B]}) as numpy arrays."""
+  def _device_scores(self, host_components, images, metadata):
+    components = dict(self.jax_scores(images, metadata))
+    components.update(host_components)
+    batch = images.shape[0]
+    for name, v in components.items():
+      if tuple(v.shape) != (batch,):  # static shapes: checked while tracing
+        raise ValueError(f"reward {name!r} returned shape {tuple(v.shape)}, expected ({batch},)")
+    return self.combine(components), components
+
+  def score(self, images, prompts: Sequence[str], metadata: Mapping[str, Any] | None = None):
+    """(total float32[B], {name: raw float32[B]}) as device arrays.
+
+    `metadata`: per-sample values ({key: array [B, ...] or list of B}); the numeric arrays reach the
+    pure-JAX rewards, everything reaches the host-side ones.
+    """
     if not hasattr(images, "shape"):
       images = np.asarray(images)
     registry.check_images(images, "composition")
@@ -161,16 +184,16 @@ class RewardComposer:
       raise ValueError(f"batch of {batch} images is not divisible by group_size={self.group_size}")
     metadata = dict(metadata or {})
     metadata.update(self.prepare(prompts, metadata))
-    array_metadata = {k: v for k, v in metadata.items()
+    array_metadata = {k: jnp.asarray(v) for k, v in metadata.items()
                       if isinstance(v, (np.ndarray, jax.Array))
                       and (jnp.issubdtype(v.dtype, jnp.number) or v.dtype == np.bool_)}
-    scores = {}
-    if any(e["reward"].pure_jax for e in self.entries):
-      scores.update(jax.device_get(self._jax_scores_jit(images, array_metadata)))
-    scores.update(self.host_scores(images, prompts, metadata))
-    for name, s in scores.items():
-      if np.shape(s) != (batch,):
-        raise ValueError(f"reward {name!r} returned shape {np.shape(s)}, expected ({batch},)")
-    components = {e["name"]: np.asarray(scores[e["name"]], np.float32) for e in self.entries}
-    total = np.asarray(self.combine(components), np.float32)
-    return total, components
+    host_components = {}
+    if any(not e["reward"].pure_jax for e in self.entries):
+      host_components = {k: jnp.asarray(v) for k, v in self.host_scores(images, prompts, metadata).items()}
+    total, components = self._device_scores_jit(host_components, jnp.asarray(images), array_metadata)
+    return total, {e["name"]: components[e["name"]] for e in self.entries}  # jit returns dicts key-sorted
+
+  def __call__(self, images, prompts: Sequence[str], metadata: Mapping[str, Any] | None = None):
+    """`score`, as numpy arrays."""
+    total, components = self.score(images, prompts, metadata)
+    return np.asarray(total, np.float32), {k: np.asarray(v, np.float32) for k, v in components.items()}

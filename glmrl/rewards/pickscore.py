@@ -2,7 +2,7 @@
 
 score = scale * exp(logit_scale) * cos(image embedding, prompt embedding), with the checkpoint's own
 learned logit scale, as in the PickScore model card. Convert `yuvalkirstain/PickScore_v1` (the
-OpenCLIP ViT-H/14 layout, `ClipConfig.vit_h14()`) with `python -m glmrl.models.clip.convert`; its
+OpenCLIP ViT-H/14 layout, `ClipConfig.vit_h14()`) with `python -m checkpoints_convert.clip`; its
 tokenizer and preprocessing are laion/CLIP-ViT-H-14-laion2B-s32B-b79K's, so pass that folder as
 `tokenizer_dir` when the PickScore folder has no tokenizer files. `scale=1` gives the raw PickScore
 (around 20 for typical generations); Flow-GRPO's PickScore reward divides it by 26:
@@ -15,8 +15,8 @@ tokenizer and preprocessing are laion/CLIP-ViT-H-14-laion2B-s32B-b79K's, so pass
 
 from __future__ import annotations
 
-from glmrl.rewards.clip_score import _check_scale, cosine, text_embeds_for
-from glmrl.rewards.registry import ModelReward, check_images, register_factory
+from glmrl.rewards.clip_score import load_similarity_reward, similarity_reward
+from glmrl.rewards.registry import ModelReward, register_factory
 
 NAME = "pickscore"
 TEXT_EMBEDS = "pickscore/text_embeds"
@@ -25,25 +25,13 @@ FLOW_GRPO_SCALE = 1.0 / 26.0
 
 def make_pickscore(embedder, scale: float = 1.0) -> ModelReward:
   """The reward for a loaded `ClipEmbedder` of PickScore."""
-  scale = _check_scale(NAME, scale)
-
-  def prepare(prompts, metadata):
-    return {TEXT_EMBEDS: embedder.text_embeds(prompts)}
-
-  def pickscore(images, prompts, metadata):
-    check_images(images, NAME)
-    text_BxP = text_embeds_for(embedder, TEXT_EMBEDS, NAME, images, prompts, metadata)
-    return scale * embedder.logit_scale() * cosine(embedder, images, text_BxP)
-
-  return ModelReward(pickscore, prepare)
+  return similarity_reward(NAME, TEXT_EMBEDS, embedder, scale, logit_scale=True)
 
 
-def pickscore_factory(ckpt_dir: str, scale: float = 1.0, tokenizer_dir: str | None = None) -> ModelReward:
-  """Loads (once per folder) the converted PickScore CLIP."""
-  from glmrl.models.clip.embedder import cached_embedder
-
-  _check_scale(NAME, scale)
-  return make_pickscore(cached_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir), scale)
+def pickscore_factory(ckpt_dir: str, scale: float = 1.0, tokenizer_dir: str | None = None, *,
+                      sharding=None) -> ModelReward:
+  """Loads (once per folder and sharding) the converted PickScore CLIP."""
+  return load_similarity_reward(NAME, TEXT_EMBEDS, ckpt_dir, scale, tokenizer_dir, sharding, logit_scale=True)
 
 
 register_factory(NAME, pickscore_factory, pure_jax=True)

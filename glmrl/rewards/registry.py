@@ -18,10 +18,13 @@ prepare)`. `prepare(prompts, metadata) -> {key: array [B, ...]}` runs on the hos
 and its arrays are added to the metadata under those keys: that is how a pure-JAX reward gets
 prompt-derived inputs (e.g. cached CLIP text embeddings) inside jit, where `prompts` is None.
 Keys are the reward's own (prefixed with its name by convention); the composer rejects clashes.
-Factories should cache loaded weights per path so rewards sharing a model load it once.
+A factory that loads weights takes a keyword `sharding` (a jax Sharding, or None for the first
+device) and puts them there; the composer passes the run's (replicated on the training mesh). Such
+factories should cache loaded weights per (path, sharding) so rewards sharing a model load it once.
 """
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -56,12 +59,18 @@ class Reward:
                        "(RewardComposer does) and call the result")
     return self.fn(images, prompts, metadata, **kwargs)
 
-  def build(self, **kwargs) -> ModelReward:
-    """The ready-to-call reward: the factory's result for a model-backed reward, else `fn` with `kwargs` bound."""
+  @property
+  def places_weights(self) -> bool:
+    """A model-backed reward whose factory takes `sharding` (where its weights go)."""
+    return self.model_backed and "sharding" in inspect.signature(self.fn).parameters
+
+  def build(self, sharding=None, **kwargs) -> ModelReward:
+    """The ready-to-call reward: the factory's result for a model-backed reward (its weights on
+    `sharding` when it loads any), else `fn` with `kwargs` bound."""
     if not self.model_backed:
       fn, bound = self.fn, dict(kwargs)
       return ModelReward(lambda images, prompts, metadata: fn(images, prompts, metadata, **bound))
-    built = self.fn(**kwargs)
+    built = self.fn(**kwargs, sharding=sharding) if self.places_weights else self.fn(**kwargs)
     if isinstance(built, ModelReward):
       return built
     if callable(built):

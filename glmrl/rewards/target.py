@@ -12,9 +12,9 @@ def _mse(images, metadata, name):
   if tuple(target.shape) != tuple(images.shape):
     raise ValueError(f"reward {name!r}: target_image shape {tuple(target.shape)} != images shape "
                      f"{tuple(images.shape)}")
-  x_BxHxWx3 = jnp.asarray(images).astype(jnp.float32) / 255.0
-  t_BxHxWx3 = jnp.asarray(target).astype(jnp.float32) / 255.0
-  return jnp.square(x_BxHxWx3 - t_BxHxWx3).mean(axis=(1, 2, 3))
+  x_Bxhxwx3 = jnp.asarray(images).astype(jnp.float32) / 255.0
+  t_Bxhxwx3 = jnp.asarray(target).astype(jnp.float32) / 255.0
+  return jnp.square(x_Bxhxwx3 - t_Bxhxwx3).mean(axis=(1, 2, 3))
 
 
 def target_neg_mse(images, prompts, metadata):

@@ -21,7 +21,7 @@ from flax import nnx, struct
 
 from glmrl.models.ar import positions as positions_lib
 from glmrl.models.ar.model import merge_image_tokens
-from glmrl.models.ar.prompt import GenerationLayout, PromptBatch
+from glmrl.models.ar.prompt import GenerationLayout, TokenizedPrompts
 from glmrl.sampling.logprobs import SamplingConfig, TokenRule, filter_mask, head_logits, masked_logprobs
 
 # Traces of the compiled sampler (one per distinct static signature); tests read it.
@@ -30,7 +30,7 @@ TRACES = collections.Counter()
 
 @struct.dataclass
 class SampleOutput:
-  """Generated tokens and what `logprobs.token_logprobs` needs to recompute their log-probs."""
+  """Generated tokens and what `logprobs.teacher_forced_logprobs` needs to recompute their log-probs."""
   tokens: jax.Array  # [B, N] int32, all generated tokens (grids in generation order, then the end token)
   logprobs: jax.Array  # [B, N] float32, under the distribution each token was drawn from
   target: jax.Array  # [B, H, W] int32, the target grid
@@ -55,9 +55,9 @@ def _choose(logits_BxV, step, keys_B, cfg: SamplingConfig, rule: TokenRule):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "layout", "cfg"))
-def _generate(graphdef, state, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN, keys_B, *,
-              layout: GenerationLayout, cfg: SamplingConfig):
-  TRACES["generate"] += 1
+def _sample_ids(graphdef, state, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN, keys_B, *,
+                layout: GenerationLayout, cfg: SamplingConfig):
+  TRACES["sample_ids"] += 1
   model = nnx.merge(graphdef, state)
   rule = TokenRule.for_model(model, layout, cfg.constrain_to_codebook)
   b, l = input_ids_BxL.shape
@@ -94,8 +94,8 @@ def _check_keys(keys_B, batch: int):
   return keys_B
 
 
-def generate(model, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN, keys_B, *,
-             layout: GenerationLayout, cfg: SamplingConfig = SamplingConfig()) -> SampleOutput:
+def sample_ids(model, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN, keys_B, *,
+               layout: GenerationLayout, cfg: SamplingConfig = SamplingConfig()) -> SampleOutput:
   """Samples the layout's tokens after prompts whose ids and positions are ready.
 
   input_ids_BxL must already hold condition-image codebook ids (no placeholders);
@@ -114,7 +114,7 @@ def generate(model, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN, key
   valid_BxL = jnp.asarray(valid_BxL, bool)
   positions_3xBxL = jnp.asarray(positions_3xBxL, jnp.int32)
   decode_Bx3xN = jnp.asarray(decode_Bx3xN, jnp.int32)
-  tokens_BxN, logprobs_BxN = _generate(graphdef, state, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN,
+  tokens_BxN, logprobs_BxN = _sample_ids(graphdef, state, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN,
                                        keys_B, layout=layout, cfg=cfg)
   (th, tw), target_slice = layout.target_hw, layout.grid_slice(layout.target)
   preview = None
@@ -128,7 +128,7 @@ def generate(model, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN, key
       valid=jnp.concatenate([valid_BxL, jnp.ones((b, n), bool)], axis=1), prompt_len=l, layout=layout)
 
 
-def sample(model, batch: PromptBatch, keys_B, cfg: SamplingConfig = SamplingConfig()) -> SampleOutput:
+def sample(model, batch: TokenizedPrompts, keys_B, cfg: SamplingConfig = SamplingConfig()) -> SampleOutput:
   """Samples image tokens for a prompt batch (text-to-image, or image-to-image with its condition images)."""
   mcfg = model.cfg
   input_ids = np.asarray(batch.input_ids)
@@ -141,5 +141,5 @@ def sample(model, batch: PromptBatch, keys_B, cfg: SamplingConfig = SamplingConf
   positions_3xBxL, decode_Bx3xN = positions_lib.rope_index(
       input_ids, batch.valid, batch.image_grid_thw, batch.images_per_sample,
       image_start_id=mcfg.image_start_token_id, image_end_id=mcfg.image_end_token_id)
-  return generate(model, input_ids, batch.valid, positions_3xBxL, decode_Bx3xN, keys_B, layout=batch.layout,
+  return sample_ids(model, input_ids, batch.valid, positions_3xBxL, decode_Bx3xN, keys_B, layout=batch.layout,
                   cfg=cfg)

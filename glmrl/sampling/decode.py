@@ -20,22 +20,22 @@ from glmrl.models.dit import kv_cache as kvc
 from glmrl.sampling.scheduler import euler_step_at
 
 
-def upsample_prior_tokens(grid_BxHxW: jax.Array) -> jax.Array:
+def upsample_prior_tokens(grid_Bxhxw: jax.Array) -> jax.Array:
   """Nearest x2 upsampling of the AR token grid to the DiT patch grid, row-major: [B, 4HW]."""
-  up = jnp.repeat(jnp.repeat(grid_BxHxW, 2, axis=1), 2, axis=2)
+  up = jnp.repeat(jnp.repeat(grid_Bxhxw, 2, axis=1), 2, axis=2)
   return up.reshape(up.shape[0], -1)
 
 
-def to_uint8(images_BxHxWx3: jax.Array) -> jax.Array:
+def to_uint8(images_Bxhxwx3: jax.Array) -> jax.Array:
   """Decoder output in [-1, 1] -> uint8, as diffusers' VaeImageProcessor.postprocess."""
-  x = jnp.clip(images_BxHxWx3.astype(jnp.float32) * 0.5 + 0.5, 0.0, 1.0)
+  x = jnp.clip(images_Bxhxwx3.astype(jnp.float32) * 0.5 + 0.5, 0.0, 1.0)
   return jnp.round(x * 255.0).astype(jnp.uint8)
 
 
 @struct.dataclass
 class Conditioning:
   """Per-sample DiT conditioning of one batch (all [B, ...])."""
-  prior_ids_BxN: jax.Array     # upsampled AR target-grid tokens
+  prior_ids_BxX: jax.Array     # upsampled AR target-grid tokens
   glyph_BxSxD: jax.Array       # ByT5 glyph embeddings of the prompt
   glyph_mask_BxS: jax.Array    # False on padding glyph tokens
   neg_glyph_BxSxD: jax.Array   # glyph embeddings of the empty (negative) prompt
@@ -64,7 +64,7 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_
   skip = "skip" if source_cache is not None else None
 
   def velocity(x, t, glyph, mask, drop, mode):
-    out = dit(x, cond.prior_ids_BxN, glyph, jnp.full((batch,), t), target_size_Bx2, crop_Bx2,
+    out = dit(x, cond.prior_ids_BxX, glyph, jnp.full((batch,), t), target_size_Bx2, crop_Bx2,
               prior_token_drop=drop, glyph_mask=mask, kv_cache=source_cache, cache_mode=mode)
     return (out[0] if mode else out).astype(jnp.float32)
 
@@ -78,7 +78,7 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_
 
 
 @functools.partial(jax.jit, static_argnames=("dit_def", "vae_def"))
-def write_source_cache(dit_def, dit_state, vae_def, vae_state, images_PxNxHxWx3, prior_ids_PxNxM) -> kvc.DiTKVCache:
+def write_source_cache(dit_def, dit_state, vae_def, vae_state, images_PxGxhxwx3, prior_ids_PxGxX) -> kvc.DiTKVCache:
   """Image-to-image: the DiT KV cache of P prompts' n condition images each, one slot per prompt.
 
   `images`: uint8 condition images; `prior_ids`: their AR VQ grids upsampled to the DiT patch
@@ -89,14 +89,14 @@ def write_source_cache(dit_def, dit_state, vae_def, vae_state, images_PxNxHxWx3,
   """
   dit = nnx.merge(dit_def, dit_state)
   vae = nnx.merge(vae_def, vae_state)
-  p, n, h, w, c = images_PxNxHxWx3.shape
+  p, n, h, w, c = images_PxGxhxwx3.shape
   rows = p * n
   # The reference's operation order: uint8 / 255 in float32, then 2x - 1.
-  pixels = (images_PxNxHxWx3.reshape(rows, h, w, c).astype(jnp.float32) / 255.0) * 2.0 - 1.0
-  latent_RxCxhxw = jnp.transpose(vae.encode_normalized(pixels.astype(vae.cfg.dtype)), (0, 3, 1, 2))
+  pixels = (images_PxGxhxwx3.reshape(rows, h, w, c).astype(jnp.float32) / 255.0) * 2.0 - 1.0
+  latent_BxCxhxw = jnp.transpose(vae.encode_normalized(pixels.astype(vae.cfg.dtype)), (0, 3, 1, 2))
   # Every image is its own row of one write pass (rows do not interact): row i*n + j holds image j
   # of prompt i, so a prompt's slot is its n rows laid end to end.
-  _, cache = dit(latent_RxCxhxw, prior_ids_PxNxM.reshape(rows, -1),
+  _, cache = dit(latent_BxCxhxw, prior_ids_PxGxX.reshape(rows, -1),
                  jnp.zeros((rows, 0, dit.cfg.text_embed_dim), dit.cfg.dtype), jnp.zeros((rows,)),
                  jnp.tile(jnp.array([[h, w]], jnp.float32), (rows, 1)), jnp.zeros((rows, 2)),
                  kv_cache=None, cache_mode="write")

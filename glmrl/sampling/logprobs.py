@@ -9,10 +9,10 @@ The sampling distribution of generated token j is (in this order, as transformer
   4. top-p: keep the smallest set of largest-probability tokens whose mass exceeds p
      (the token crossing p is kept);
   softmax over what is kept.
-`filter_mask` derives the kept set; the sampler and `token_logprobs` both use it, so a
+`filter_mask` derives the kept set; the sampler and `teacher_forced_logprobs` both use it, so a
 recomputation on the sampler's logits reproduces its log-probs.
 
-`token_logprobs` is the teacher-forced recomputation used for both the "old" and the
+`teacher_forced_logprobs` is the teacher-forced recomputation used for both the "old" and the
 "new" log-probs of GRPO: differentiable w.r.t. the model parameters, lm_head + log-softmax
 in chunks over the generated tokens (never [B, L, V] float32 logits at once), each chunk
 rematerialised in the backward pass when `remat`.
@@ -116,9 +116,9 @@ def head_logits(model, h_BxNxD: jax.Array) -> jax.Array:
   return model.lm_head(h_BxNxD).astype(jnp.float32)
 
 
-def token_logprobs(model, sequence_ids_BxS: jax.Array, positions_3xBxS: jax.Array, valid_BxS: jax.Array, *,
-                   prompt_len: int, layout: GenerationLayout, cfg: SamplingConfig, chunk_size: int = 256,
-                   remat: bool = True) -> jax.Array:
+def teacher_forced_logprobs(model, sequence_ids_BxS: jax.Array, positions_3xBxS: jax.Array,
+                            valid_BxS: jax.Array, *, prompt_len: int, layout: GenerationLayout,
+                            cfg: SamplingConfig, chunk_size: int = 256, remat: bool = True) -> jax.Array:
   """Log-probs [B, N] of the generated tokens sequence_ids[:, prompt_len:] (N = layout.num_new_tokens).
 
   Teacher forcing with the sampler's positions; the same rule, temperature and top-k/top-p
@@ -146,25 +146,26 @@ def token_logprobs(model, sequence_ids_BxS: jax.Array, positions_3xBxS: jax.Arra
   chunk = min(chunk_size, n)
   num_chunks = -(-n // chunk)
   pad = num_chunks * chunk - n
-  h_CxBxKxD = jnp.pad(h_BxNxD, ((0, 0), (0, pad), (0, 0))).reshape(b, num_chunks, chunk, -1).swapaxes(0, 1)
-  tokens_CxBxK = jnp.pad(tokens_BxN, ((0, 0), (0, pad))).reshape(b, num_chunks, chunk).swapaxes(0, 1)
-  step_CxK = jnp.arange(num_chunks * chunk, dtype=jnp.int32).reshape(num_chunks, chunk)
+  h_UxBxZxD = jnp.pad(h_BxNxD, ((0, 0), (0, pad), (0, 0))).reshape(b, num_chunks, chunk, -1).swapaxes(0, 1)
+  tokens_UxBxZ = jnp.pad(tokens_BxN, ((0, 0), (0, pad))).reshape(b, num_chunks, chunk).swapaxes(0, 1)
+  step_UxZ = jnp.arange(num_chunks * chunk, dtype=jnp.int32).reshape(num_chunks, chunk)
 
   def one_chunk(args):
-    h_BxKxD, tokens_BxK, step_K = args
-    logits_BxKxV = head_logits(model, h_BxKxD)
-    keep = filter_mask(logits_BxKxV, step_K[None], cfg, rule)
-    keep |= jax.nn.one_hot(tokens_BxK, logits_BxKxV.shape[-1], dtype=bool) & rule.mask(step_K[None], keep.shape)
-    return masked_logprobs(logits_BxKxV, tokens_BxK, keep, cfg.temperature)
+    h_BxZxD, tokens_BxZ, step_Z = args
+    logits_BxZxV = head_logits(model, h_BxZxD)
+    keep = filter_mask(logits_BxZxV, step_Z[None], cfg, rule)
+    keep |= jax.nn.one_hot(tokens_BxZ, logits_BxZxV.shape[-1], dtype=bool) & rule.mask(step_Z[None], keep.shape)
+    return masked_logprobs(logits_BxZxV, tokens_BxZ, keep, cfg.temperature)
 
   body = jax.checkpoint(one_chunk) if remat else one_chunk
-  logprobs_CxBxK = jax.lax.map(body, (h_CxBxKxD, tokens_CxBxK, step_CxK))
-  return logprobs_CxBxK.swapaxes(0, 1).reshape(b, num_chunks * chunk)[:, :n]
+  logprobs_UxBxZ = jax.lax.map(body, (h_UxBxZxD, tokens_UxBxZ, step_UxZ))
+  return logprobs_UxBxZ.swapaxes(0, 1).reshape(b, num_chunks * chunk)[:, :n]
 
 
 def sample_logprobs(model, sample, cfg: SamplingConfig, *, chunk_size: int = 256, remat: bool = True) -> jax.Array:
-  """`token_logprobs` of an `ar_sampler.SampleOutput` (its sequence, positions and validity)."""
-  return token_logprobs(model, sample.sequence_ids, sample.positions, sample.valid, prompt_len=sample.prompt_len,
-                        layout=sample.layout, cfg=cfg, chunk_size=chunk_size, remat=remat)
+  """`teacher_forced_logprobs` of an `ar_sampler.SampleOutput` (its sequence, positions and validity)."""
+  return teacher_forced_logprobs(model, sample.sequence_ids, sample.positions, sample.valid,
+                                 prompt_len=sample.prompt_len, layout=sample.layout, cfg=cfg,
+                                 chunk_size=chunk_size, remat=remat)
 
 

@@ -23,7 +23,7 @@ from glmrl.errors import UserError
 from glmrl.models.ar import image_processing
 from glmrl.models.ar import positions as positions_lib
 from glmrl.models.ar.model import merge_image_tokens
-from glmrl.models.ar.prompt import PromptBatch, PromptProcessor
+from glmrl.models.ar.prompt import PromptProcessor, TokenizedPrompts
 from glmrl.models.glm_image import GlmImageConfigs
 from glmrl.models.glyph import tokenize_glyph_texts
 from glmrl.models.glyph.texts import encode_glyph_embeds
@@ -61,7 +61,7 @@ class PipelineSpec:
 class Prepared:
   """Host-side inputs of one prompt batch (one row per prompt)."""
   prompts: tuple[str, ...]
-  batch: PromptBatch
+  batch: TokenizedPrompts
   input_ids: np.ndarray       # [P, L] condition-image ids merged in
   positions: np.ndarray       # [3, P, L]
   decode_positions: np.ndarray  # [P, 3, N]
@@ -248,7 +248,7 @@ class GlmImagePipeline:
   def sample_tokens(self, prepared: Prepared, keys_B, group_size: int, ar_params=None):
     """AR tokens for every prompt x `group_size` samples (`ar_params`: (trainable, frozen) states)."""
     rep = lambda x, axis=0: self.shard_batch(np.repeat(x, group_size, axis=axis), axis)
-    return ar_sampler.generate(
+    return ar_sampler.sample_ids(
         self.ar_model(ar_params), rep(prepared.input_ids), rep(prepared.batch.valid),
         rep(prepared.positions, axis=1), rep(prepared.decode_positions), self.shard_batch(keys_B),
         layout=prepared.batch.layout, cfg=self.spec.sampling)
@@ -280,13 +280,13 @@ class GlmImagePipeline:
     if prepared.source_images is None:
       return None
     p, n, th, tw = prepared.source_ids.shape
-    prior_PxNxM = decode.upsample_prior_tokens(jnp.asarray(prepared.source_ids).reshape(p * n, th, tw))
+    prior_PxGxX = decode.upsample_prior_tokens(jnp.asarray(prepared.source_ids).reshape(p * n, th, tw))
     dit_def, dit_params = self.models["dit"]
     vae_def, vae_params = self.models["vae"]
     return decode.write_source_cache(dit_def, dit_params, vae_def, vae_params, jnp.asarray(prepared.source_images),
-                                     prior_PxNxM.reshape(p, n, -1))
+                                     prior_PxGxX.reshape(p, n, -1))
 
-  def decode_tokens(self, prepared: Prepared, target_BxHxW, latents, group_size: int, source_cache=None):
+  def decode_tokens(self, prepared: Prepared, target_Bxhxw, latents, group_size: int, source_cache=None):
     """Denoise from `latents` conditioned on the target-grid tokens and decode: (uint8 images, latents).
 
     The batch is decoded in chunks of `spec.decode_batch` samples by one compiled program (the
@@ -294,8 +294,8 @@ class GlmImagePipeline:
     result is the whole batch's. Each chunk is re-spread over the mesh's batch axes.
     """
     glyph, mask, neg, neg_mask = self.glyph_embeddings(prepared, group_size)
-    cond = decode.Conditioning(decode.upsample_prior_tokens(target_BxHxW), glyph, mask, neg, neg_mask)
-    b = target_BxHxW.shape[0]
+    cond = decode.Conditioning(decode.upsample_prior_tokens(target_Bxhxw), glyph, mask, neg, neg_mask)
+    b = target_Bxhxw.shape[0]
     target_size = jnp.tile(jnp.array([[self.spec.height, self.spec.width]], jnp.float32), (b, 1))
     crop = jnp.zeros((b, 2), jnp.float32)
     chunk = self.spec.decode_batch or b

@@ -1,41 +1,38 @@
-"""Evaluation on held-out prompts with fixed seeds, logged under `eval/`."""
+"""`python main.py --mode=eval` and the training loop's periodic evaluation: held-out prompts with
+fixed seeds, scored as training scores (`RewardComposer.score`), logged under `eval/`."""
 
 from __future__ import annotations
 
-import jax
+import os
+
 import numpy as np
 from absl import logging
+from flax import nnx
 
-from glmrl.data import PromptIterator
-from glmrl.train import rollout as rollout_lib
+from glmrl.checkpoint.manager import restore_trained_params
+from glmrl.logging import MetricsWriter
+from glmrl.train import setup as setup_lib
+from glmrl.train.rollout import host_metadata
+from glmrl.train.sample import sample_batches
 
 
-def run_eval(run, params, writer, step: int) -> dict:
-  """Samples group_size images per held-out prompt with the fixed eval seed and logs their rewards."""
-  cfg, g = run.config, run.group_size
+def run_eval(run, ar_params, writer, step: int) -> dict:
+  """Samples group_size images per held-out prompt with the fixed eval seed and logs their rewards.
+
+  `ar_params`: the AR parameters as the pipeline takes them, (trainable, frozen) or (full,).
+  """
+  g = run.group_size
   records = run.eval_records
   if not records:
     raise ValueError("evaluation needs config.eval.prompts_file")
-  per_batch = cfg.data.prompts_per_step
-  loader = PromptIterator(records, prompts_per_step=per_batch, seed=cfg.eval.seed, height=cfg.data.height,
-                          width=cfg.data.width)
   totals, components, images_out, prompts_out = [], {}, None, None
-  for start in range(0, len(records), per_batch):
-    indices = list(range(start, min(start + per_batch, len(records))))
-    real = len(indices)
-    # A short last batch is filled with the first prompts, so every batch has the compiled shape.
-    indices += [i % len(records) for i in range(per_batch - real)]
-    batch = loader.make_batch(indices)
-    key = jax.random.fold_in(jax.random.key(cfg.eval.seed), start)
-    source = batch.source_images if cfg.data.mode == "i2i" else None
-    out = run.pipeline(batch.prompts, key, samples_per_prompt=g, source_images=source,
-                       ar_params=(params, run.frozen))
+  for batch, out, real in sample_batches(run, records, ar_params):
     prompts = [p for p in batch.prompts for _ in range(g)]
-    total, comps = run.composer(out.images, prompts, rollout_lib.host_metadata(batch.metadata, g))
+    total, comps = run.composer.score(out.images, prompts, host_metadata(batch.metadata, g))
     keep = slice(0, real * g)
-    totals.append(total[keep])
+    totals.append(np.asarray(total)[keep])
     for k, v in comps.items():
-      components.setdefault(k, []).append(v[keep])
+      components.setdefault(k, []).append(np.asarray(v)[keep])
     if images_out is None:
       images_out, prompts_out = np.asarray(out.images)[keep], prompts[:real * g]
   total = np.concatenate(totals)
@@ -49,11 +46,17 @@ def run_eval(run, params, writer, step: int) -> dict:
 
 
 def evaluate(config, workdir: str) -> dict:
-  """`--mode=eval`: the latest checkpoint in workdir (or the initial model) on the held-out prompts."""
-  from glmrl.train.loop import Trainer
-
-  trainer = Trainer(config, workdir)
+  """`--mode=eval`: the newest restorable checkpoint in workdir (or the initial model) on the held-out
+  prompts, logged at its step (0 for the initial model). Read-only on the checkpoints."""
+  run = setup_lib.build(config)
+  initial = nnx.merge_state(run.trainable, run.frozen)
+  ar_params, step = restore_trained_params(workdir, initial)
+  if step is None:
+    logging.info("no checkpoint in %s: evaluating the initial AR model", os.path.join(workdir, "checkpoints"))
+    ar_params, step = initial, 0
+  os.makedirs(workdir, exist_ok=True)
+  writer = MetricsWriter(workdir)
   try:
-    return run_eval(trainer.run, trainer.params, trainer.writer, trainer.step_index)
+    return run_eval(run, (ar_params,), writer, step)
   finally:
-    trainer.close()
+    writer.close()

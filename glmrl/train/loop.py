@@ -116,8 +116,9 @@ class Trainer:
     data_batch = next(run.iterator)
     # Keys derive from (seed, step): a resumed run draws what an uninterrupted one would.
     key = jax.random.fold_in(self.root_key, self.step_index)
-    rollout, shape, images, total, timings, extra, prompts = rollout_lib.collect(run, data_batch, key, self.params)
-    update_fn = self._update_fn(*shape)
+    collected = rollout_lib.collect(run, data_batch, key, self.params)
+    rollout, extra, timings = collected.batch, dict(collected.metrics), collected.timings
+    update_fn = self._update_fn(*collected.update_shape)
     t1 = time.perf_counter()
     # A non-finite reward makes the advantages and loss non-finite, and the update skips itself; the
     # step reads whether it did only with the logged scalars (no extra host round trip).
@@ -155,8 +156,8 @@ class Trainer:
     })
     self.writer.write_scalars(self.step_index, scalars)
     if cfg.log.image_interval and (self.step_index % cfg.log.image_interval == 0 or self.step_index == 1):
-      self.writer.write_samples(self.step_index, jax.device_get(images), prompts, jax.device_get(total),
-                                tag="train_samples", ncols=run.group_size)
+      self.writer.write_samples(self.step_index, jax.device_get(collected.images), collected.prompts,
+                                jax.device_get(collected.total), tag="train_samples", ncols=run.group_size)
     if self.nonfinite_run >= cfg.train.max_consecutive_nonfinite:
       raise NonFiniteError(f"{self.nonfinite_run} consecutive steps had a non-finite loss or reward (step "
                            f"{self.step_index}); stopping (config.train.max_consecutive_nonfinite="
@@ -208,7 +209,8 @@ def train(config, workdir: str) -> dict:
         logging.info("%s", progress.line(trainer.step_index, last))
         trainer.save()
         if config.eval.interval and trainer.step_index % config.eval.interval == 0:
-          evaluate_lib.run_eval(trainer.run, trainer.params, trainer.writer, trainer.step_index)
+          evaluate_lib.run_eval(trainer.run, (trainer.params, trainer.run.frozen), trainer.writer,
+                               trainer.step_index)
         if stop:
           stopped_by = stop.received
           logging.warning("stopping at step %d on %s", trainer.step_index, stopped_by)

@@ -1,14 +1,17 @@
 """One GRPO rollout: sample groups of images, score them, and turn the scores into advantages.
 
 Everything stays on device between the sampler, the decoder, pure-JAX rewards and the advantages;
-only host-side rewards (e.g. JPEG size) fetch the images. The learner's old log-probs are not
+only host-side rewards (e.g. JPEG size) fetch the images. Scoring is `RewardComposer.score`, the
+path evaluation takes too. The learner's old log-probs are not
 computed here: the first update computes them (`glmrl.train.step`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,24 +21,20 @@ from glmrl import grpo
 from glmrl.train import step as step_lib
 
 
-@functools.partial(jax.jit, static_argnames=("composer", "group_size", "scale", "estimator", "drop_constant"))
-def score(host_components, images, metadata, *, composer, group_size, scale, estimator, drop_constant):
-  """Rewards -> (total [B], components, advantages [B], row mask [B], zero-variance group fraction).
+@functools.partial(jax.jit, static_argnames=("group_size", "scale", "estimator", "std_eps", "drop_constant"))
+def advantage_stats(total_B, *, group_size, scale, estimator, std_eps, drop_constant):
+  """Total rewards [B] -> (advantages [B], row mask [B], zero-variance group fraction).
 
-  "Zero variance" is `grpo.constant_groups` with the run's threshold (`composer.std_eps`, from
-  config.grpo.std_eps, as the per-reward normalisation uses): the groups whose advantages are
-  exactly 0, and the ones `drop_constant` removes from the loss.
+  "Zero variance" is `grpo.constant_groups` with the run's threshold (config.grpo.std_eps, which
+  the per-reward normalisation uses too): the groups whose advantages are exactly 0, and the ones
+  `drop_constant` removes from the loss.
   """
-  components = dict(composer.jax_scores(images, metadata))
-  components.update(host_components)
-  total = composer.combine(components)
-  std_eps = composer.std_eps
-  advantages = grpo.group_advantages(total, group_size, scale=scale, estimator=estimator, std_eps=std_eps)
-  constant_G = grpo.constant_groups(total, group_size, std_eps=std_eps)
-  keep_B = jnp.ones_like(total)
+  advantages_B = grpo.group_advantages(total_B, group_size, scale=scale, estimator=estimator, std_eps=std_eps)
+  constant_P = grpo.constant_groups(total_B, group_size, std_eps=std_eps)
+  keep_B = jnp.ones_like(total_B)
   if drop_constant:
-    keep_B = jnp.repeat(1.0 - constant_G.astype(jnp.float32), group_size)
-  return total, components, advantages, keep_B, jnp.mean(constant_G.astype(jnp.float32))
+    keep_B = jnp.repeat(1.0 - constant_P.astype(jnp.float32), group_size)
+  return advantages_B, keep_B, jnp.mean(constant_P.astype(jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("forced_end",))
@@ -56,12 +55,6 @@ def logprob_metrics(sampler_logp, old_logp, *, forced_end: bool) -> dict:
   }
 
 
-def reward_metadata(host_meta: dict) -> dict:
-  """The numeric arrays of the per-sample metadata, on device for the jitted rewards."""
-  return {k: jnp.asarray(v) for k, v in host_meta.items()
-          if isinstance(v, np.ndarray) and (np.issubdtype(v.dtype, np.number) or v.dtype == np.bool_)}
-
-
 def token_mask(layout, loss_tokens: str) -> jnp.ndarray:
   """[N] 1.0 for the generated tokens the loss covers: all of them, or only the target grid's."""
   n = layout.num_new_tokens
@@ -77,13 +70,30 @@ def host_metadata(batch_metadata: dict, group_size: int) -> dict:
               [x for x in v for _ in range(group_size)]) for k, v in batch_metadata.items()}
 
 
-def collect(run, data_batch, key, trainable):
+@dataclasses.dataclass(frozen=True)
+class RolloutResult:
+  """One collected batch: what the update reads (`batch`) and what the step logs."""
+  batch: step_lib.Rollout      # the update's inputs; old/ref log-probs NaN until the first update
+  prompt_len: int              # the prompt part of each sequence (static: one compiled update)
+  layout: Any                  # the generated grids' layout (`sample.layout`)
+  images: jax.Array            # [B, H, W, 3] uint8
+  total: jax.Array             # [B] total reward
+  prompts: list[str]           # B prompts, one per sample
+  metrics: dict                # rollout-level scalars (reward/..., advantage/...), on device
+  timings: dict                # {"rollout", "reward"} seconds
+
+  @property
+  def update_shape(self) -> tuple:
+    """What the compiled update depends on besides the batch size."""
+    return self.prompt_len, self.layout
+
+
+def collect(run, data_batch, key, trainable) -> RolloutResult:
   """Samples, decodes and scores one batch.
 
-  Returns (Rollout, (prompt_len, layout), images, total reward, timings, metrics, prompts). The
-  learner's old_logp (and ref_logp when the KL term is on) are computed by the first update, which
-  returns them; until then they are NaN, so anything reading them earlier poisons the loss (and the
-  update skips itself) instead of passing silently.
+  The learner's old_logp (and ref_logp when the KL term is on) are computed by the first update,
+  which returns them; until then they are NaN, so anything reading them earlier poisons the loss
+  (and the update skips itself) instead of passing silently.
   """
   cfg, g = run.config, run.group_size
   t0 = time.perf_counter()
@@ -99,17 +109,10 @@ def collect(run, data_batch, key, trainable):
   t1 = time.perf_counter()
 
   prompts = [p for p in data_batch.prompts for _ in range(g)]
-  host_meta = host_metadata(data_batch.metadata, g)
-  metadata = reward_metadata(host_meta)
-  # Host-side inputs of model-backed rewards (e.g. cached CLIP text embeddings of the prompts).
-  metadata.update(run.composer.prepare(prompts, host_meta))
-  host_components = {}
-  if any(not e["reward"].pure_jax for e in run.composer.entries):
-    host_components = {k: jnp.asarray(v) for k, v in
-                       run.composer.host_scores(np.asarray(images), prompts, host_meta).items()}
-  total, components, advantages, keep_B, zero_var = score(
-      host_components, images, metadata, composer=run.composer, group_size=g,
-      scale=cfg.grpo.scale, estimator=cfg.grpo.estimator, drop_constant=cfg.grpo.drop_zero_variance_groups)
+  total, components = run.composer.score(images, prompts, host_metadata(data_batch.metadata, g))
+  advantages, keep_B, zero_var = advantage_stats(
+      total, group_size=g, scale=cfg.grpo.scale, estimator=cfg.grpo.estimator, std_eps=run.composer.std_eps,
+      drop_constant=cfg.grpo.drop_zero_variance_groups)
   jax.block_until_ready(total)
   t2 = time.perf_counter()
 
@@ -129,5 +132,5 @@ def collect(run, data_batch, key, trainable):
   for name, s in components.items():
     extra[f"reward/{name}/mean"] = jnp.mean(s)
     extra[f"reward/{name}/std"] = jnp.std(s)
-  timings = {"rollout": t1 - t0, "reward": t2 - t1}
-  return rollout, (sample.prompt_len, sample.layout), images, total, timings, extra, prompts
+  return RolloutResult(batch=rollout, prompt_len=sample.prompt_len, layout=sample.layout, images=images,
+                       total=total, prompts=prompts, metrics=extra, timings={"rollout": t1 - t0, "reward": t2 - t1})

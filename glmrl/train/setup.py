@@ -50,11 +50,11 @@ class Run:
 
 
 def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
-  """The global batch (and decoder chunks) must split evenly over data x fsdp; micro-batches need not."""
+  """The global batch (and decoder chunks) must split evenly over data x fsdp; micro-batches need not.
+
+  The fields' own rules (e.g. group_size >= 2) are `config_checks`', checked before this runs."""
   data, fsdp, _ = mesh_shape
   batch = config.data.prompts_per_step * config.grpo.group_size
-  if config.grpo.group_size < 2:
-    raise UserError(f"config.grpo.group_size={config.grpo.group_size} must be at least 2")
   if batch % (data * fsdp):
     raise UserError(f"global batch prompts_per_step x group_size = {config.data.prompts_per_step} x "
                      f"{config.grpo.group_size} = {batch} does not divide over the mesh's data x fsdp = "
@@ -126,13 +126,11 @@ def processors(config, configs, texts):
 
 def reward_composer(config, mesh) -> RewardComposer:
   """The configured rewards; model-backed ones load their weights replicated on the mesh."""
-  from checkpoints_convert.hf_to_flax import default_sharding
-
   entries = [dict(e.to_dict() if hasattr(e, "to_dict") else e) for e in config.rewards]
   if config.normalize_rewards_per_group:
     entries = [dict(e, normalize=True) for e in entries]
-  with default_sharding(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())):
-    return RewardComposer(entries, group_size=config.grpo.group_size, std_eps=config.grpo.std_eps)
+  return RewardComposer(entries, group_size=config.grpo.group_size, std_eps=config.grpo.std_eps,
+                        sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 def check_prompt_lengths(processor, records, path, config) -> None:

@@ -21,7 +21,7 @@ from flax import struct
 
 from glmrl import grpo
 from glmrl.models.ar.prompt import GenerationLayout
-from glmrl.sampling.logprobs import SamplingConfig, token_logprobs
+from glmrl.sampling.logprobs import SamplingConfig, teacher_forced_logprobs
 from glmrl.train import optimizer as optimizer_lib
 
 
@@ -58,8 +58,9 @@ class UpdateSpec:
 def rollout_logprobs(graphdef, params, frozen, rollout: Rollout, spec: UpdateSpec) -> jax.Array:
   """Log-probs [B, N] of the rollout's generated tokens under `params` (the one log-prob function)."""
   model = nnx.merge(graphdef, params, frozen)
-  return token_logprobs(model, rollout.sequence_ids, rollout.positions, rollout.valid, prompt_len=spec.prompt_len,
-                        layout=spec.layout, cfg=spec.sampling, chunk_size=spec.logprob_chunk, remat=spec.remat)
+  return teacher_forced_logprobs(model, rollout.sequence_ids, rollout.positions, rollout.valid,
+                                 prompt_len=spec.prompt_len, layout=spec.layout, cfg=spec.sampling,
+                                 chunk_size=spec.logprob_chunk, remat=spec.remat)
 
 
 def _micro_loss(params, graphdef, frozen, mb: Rollout, first, spec: UpdateSpec):

@@ -108,7 +108,7 @@ def test_generate_reads_the_newest_step_that_restores_and_changes_nothing(traine
   """--mode=generate's parameter restore: falls back too, read-only (nothing is moved)."""
   from flax import nnx
 
-  from glmrl.sampling import generate as generate_lib
+  from glmrl.checkpoint import manager as checkpoint_manager
   from glmrl.train import setup
 
   workdir = tmp_path / "workdir"
@@ -118,10 +118,10 @@ def test_generate_reads_the_newest_step_that_restores_and_changes_nothing(traine
   run = setup.build(config())
   like = nnx.merge_state(run.trainable, run.frozen)
   with caplog.at_level(logging.WARNING):
-    params, step = generate_lib.restore_ar_params(str(workdir), like)
+    params, step = checkpoint_manager.restore_trained_params(str(workdir), like)
   assert step == 1 and params is not None
   assert any("checkpoint step 2" in r.getMessage() and "does not restore" in r.getMessage() for r in caplog.records)
   assert files(workdir) == before
   truncate_largest_params_file(workdir / "checkpoints" / "1")
   with pytest.raises(CheckpointError, match=r"no checkpoint in .* restores: step 2: .*; step 1: "):
-    generate_lib.restore_ar_params(str(workdir), like)
+    checkpoint_manager.restore_trained_params(str(workdir), like)

@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+from flax import nnx
 
 from checkpoints_convert import components, flax_to_hf, hf_to_flax
+from checkpoints_convert.components import load_component
+from glmrl.checkpoint import params as params_lib
 from checkpoints_convert.__main__ import main
 from tests.checkpoints_convert import tiny_folders
 
@@ -23,8 +26,8 @@ def vae(tmp_path_factory):
   root = tmp_path_factory.mktemp("vae")
   model = tiny_folders.reference_model("vae")
   model.save_pretrained(root / "hf" / "vae")
-  hf_to_flax.convert(str(root / "hf"), str(root / "flax"), log=lambda s: None)
-  flat = {k: np.asarray(v) for k, v in hf_to_flax.flatten(hf_to_flax.load_params(str(root / "flax" / "vae"))).items()}
+  hf_to_flax.convert_pipeline(str(root / "hf"), str(root / "flax"), log=lambda s: None)
+  flat = {k: np.asarray(v) for k, v in params_lib.flatten(nnx.state(load_component(str(root / "flax" / "vae")), nnx.Param)).items()}
   return root, model.state_dict(), flat
 
 
@@ -42,7 +45,7 @@ def _hf_variant(tmp_path, vae, edit):
 
 def _convert_fails(tmp_path, hf, *patterns):
   with pytest.raises(ValueError) as e:
-    hf_to_flax.convert(str(hf), str(tmp_path / "out"), log=lambda s: None)
+    hf_to_flax.convert_pipeline(str(hf), str(tmp_path / "out"), log=lambda s: None)
   for p in patterns:
     assert p in str(e.value), (p, str(e.value))
   assert not os.path.exists(tmp_path / "out" / "vae" / "params"), "wrote before validating"
@@ -89,7 +92,7 @@ def _orbax_variant(tmp_path, vae, edit):
 def test_bad_orbax_params(tmp_path, vae, edit, patterns):
   ckpt = _orbax_variant(tmp_path, vae, edit)
   for call in (lambda: flax_to_hf.export(str(ckpt), str(tmp_path / "back"), log=lambda s: None),
-               lambda: hf_to_flax.load_params(str(ckpt / "vae"))):
+               lambda: load_component(str(ckpt / "vae"))):
     with pytest.raises(ValueError) as e:
       call()
     for p in patterns:
@@ -111,26 +114,26 @@ def test_tied_keys(tmp_path):
       sd["encoder.embed_tokens.weight"] = sd["encoder.embed_tokens.weight"] + 1
     safetensors.torch.save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
     if case == "equal":
-      hf_to_flax.convert(str(tmp_path / case / "hf"), str(tmp_path / case / "flax"), log=lambda s: None)
+      hf_to_flax.convert_pipeline(str(tmp_path / case / "hf"), str(tmp_path / case / "flax"), log=lambda s: None)
       flax_to_hf.export(str(tmp_path / case / "flax"), str(tmp_path / case / "back"), log=lambda s: None)
       back = safetensors.torch.load_file(str(tmp_path / case / "back" / "text_encoder" / "model.safetensors"))
       assert set(back) == set(sd) - {"encoder.embed_tokens.weight"}
       assert all(torch.equal(back[k], sd[k]) for k in back)
     else:
       with pytest.raises(ValueError, match="both map to embed.embedding but differ"):
-        hf_to_flax.convert(str(tmp_path / case / "hf"), str(tmp_path / case / "flax"), log=lambda s: None)
+        hf_to_flax.convert_pipeline(str(tmp_path / case / "hf"), str(tmp_path / case / "flax"), log=lambda s: None)
 
 
 def test_skips_absent_components_and_refuses_to_overwrite(tmp_path, vae):
   root = vae[0]
   logs = []
   out = tmp_path / "out"
-  result = hf_to_flax.convert(str(root / "hf"), str(out), log=logs.append)
+  result = hf_to_flax.convert_pipeline(str(root / "hf"), str(out), log=logs.append)
   assert list(result["converted"]) == ["vae"]
   assert sorted(result["skipped"]) == sorted(set(components.COMPONENTS) - {"vae"})
   assert any(line.startswith("skipped transformer") for line in logs)
   with pytest.raises(ValueError, match="already exists"):
-    hf_to_flax.convert(str(root / "hf"), str(out), log=lambda s: None)
+    hf_to_flax.convert_pipeline(str(root / "hf"), str(out), log=lambda s: None)
   (tmp_path / "back" / "vae").mkdir(parents=True)
   (tmp_path / "back" / "vae" / "stale.txt").write_text("x")
   with pytest.raises(ValueError, match="not empty"):
@@ -142,7 +145,7 @@ def test_model_index_class_mismatch(tmp_path, vae):
   shutil.copytree(vae[0] / "hf", hf)
   (hf / "model_index.json").write_text(json.dumps({"vae": ["diffusers", "AutoencoderTiny"]}))
   with pytest.raises(ValueError, match="AutoencoderTiny"):
-    hf_to_flax.convert(str(hf), str(tmp_path / "out"), log=lambda s: None)
+    hf_to_flax.convert_pipeline(str(hf), str(tmp_path / "out"), log=lambda s: None)
 
 
 def test_cli_usage(tmp_path, capsys):

@@ -18,6 +18,8 @@ import torch
 from flax import nnx
 
 from checkpoints_convert import components, hf_to_flax
+from checkpoints_convert.components import load_component
+from glmrl.checkpoint import params as params_lib
 from checkpoints_convert import safetensors_stream as st
 from checkpoints_convert.__main__ import main
 from tests.checkpoints_convert import tiny_folders
@@ -114,10 +116,10 @@ def test_from_pretrained_gives_identical_outputs(run, name):
 
 
 @pytest.mark.parametrize("name", COMPONENTS)
-def test_load_model_holds_reference_weights(run, name):
-  """load_model builds the f32 model; bf16 sources are widened exactly."""
-  model = hf_to_flax.load_model(str(run.out / name))
-  params = hf_to_flax.flatten(nnx.state(model, nnx.Param))
+def test_load_component_holds_reference_weights(run, name):
+  """load_component builds the f32 model; bf16 sources are widened exactly."""
+  model = load_component(str(run.out / name))
+  params = params_lib.flatten(nnx.state(model, nnx.Param))
   key_map = components.get(name).key_map()
   seen = set()
   for key, tensor in run.models[name].state_dict().items():
@@ -138,9 +140,9 @@ def test_load_params_dtype_and_sharding(run):
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("fsdp",))
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   shardings = jax.tree.map(lambda _: sharding, abstract)  # a tree like the state, as a train step has
-  state = hf_to_flax.load_params(str(run.out / component.name), abstract, shardings=shardings)
-  assert isinstance(state, nnx.State) and set(hf_to_flax.flatten(state)) == set(hf_to_flax.flatten(abstract))
-  params = hf_to_flax.flatten(state)
+  state = params_lib.restore_params(str(run.out / component.name), abstract, shardings)
+  assert isinstance(state, nnx.State) and set(params_lib.flatten(state)) == set(params_lib.flatten(abstract))
+  params = params_lib.flatten(state)
   key_map = component.key_map()
   for key, tensor in run.models[component.name].state_dict().items():
     path, transform = key_map.hf_to_flax(key)

@@ -12,6 +12,8 @@ import transformers
 from flax import nnx
 
 from checkpoints_convert import flax_to_hf, hf_to_flax
+from checkpoints_convert.components import load_component
+from glmrl.checkpoint import params as params_lib
 from checkpoints_convert.__main__ import main
 from tests.checkpoints_convert import tiny_folders
 
@@ -24,8 +26,8 @@ def run(tmp_path_factory):
   root = tmp_path_factory.mktemp("train")
   model = tiny_folders.reference_model(AR)
   model.save_pretrained(root / "hf" / AR)
-  hf_to_flax.convert(str(root / "hf"), str(root / "flax"), log=lambda s: None)
-  state = hf_to_flax.load_params(str(root / "flax" / AR))
+  hf_to_flax.convert_pipeline(str(root / "hf"), str(root / "flax"), log=lambda s: None)
+  state = nnx.state(load_component(str(root / "flax" / AR)), nnx.Param)
   ckpt_dir = root / "workdir" / "checkpoints"
   with ocp.CheckpointManager(ckpt_dir) as mngr:
     mngr.save(1, args=ocp.args.Composite(params=ocp.args.StandardSave(state)))
@@ -61,9 +63,9 @@ def test_exports_given_step_via_cli(run, tmp_path):
     assert torch.equal(got[key], value), key
   with open(tmp_path / "hf" / AR / "config.json") as f, open(ckpt / "ar_config.json") as g:
     assert f.read() == g.read()
-  hf_to_flax.convert(str(tmp_path / "hf"), str(tmp_path / "flax"), log=lambda s: None)
-  again = hf_to_flax.flatten(hf_to_flax.load_params(str(tmp_path / "flax" / AR)))
-  first = hf_to_flax.flatten(hf_to_flax.load_params(str(root / "flax" / AR)))
+  hf_to_flax.convert_pipeline(str(tmp_path / "hf"), str(tmp_path / "flax"), log=lambda s: None)
+  again = params_lib.flatten(nnx.state(load_component(str(tmp_path / "flax" / AR)), nnx.Param))
+  first = params_lib.flatten(nnx.state(load_component(str(root / "flax" / AR)), nnx.Param))
   assert set(again) == set(first)
   for path, value in first.items():
     np.testing.assert_array_equal(np.asarray(again[path]), np.asarray(value), err_msg=path)

@@ -14,6 +14,7 @@ from flax import nnx
 
 from checkpoints_convert.maps.clip import AESTHETIC_RULES
 from checkpoints_convert.rules import KeyMap, flax_path_str
+from checkpoints_convert import aesthetic as aesthetic_convert
 from glmrl.models.clip import aesthetic as head_lib
 from glmrl.rewards import RewardComposer
 from glmrl.rewards import aesthetic as aesthetic_lib
@@ -47,7 +48,7 @@ def full_head(tmp_path_factory):
   path = tmp_path_factory.mktemp("head") / "sac+logos+ava1-l14-linearMSE.pth"
   torch.save(mlp.state_dict(), path)
   out = path.parent / "converted"
-  head_lib.convert_head(str(path), str(out))
+  aesthetic_convert.convert_aesthetic_head(str(path), str(out))
   return mlp, out
 
 
@@ -81,14 +82,14 @@ def test_converter_errors(tmp_path):
   bad["layers.9.weight"] = torch.zeros(1, 4)
   torch.save(bad, tmp_path / "bad.pth")
   with pytest.raises(ValueError, match=r"(?s)missing \(1\): layers.4.bias.*unexpected \(1\): layers.9.weight"):
-    head_lib.convert_head(str(tmp_path / "bad.pth"), str(tmp_path / "o1"))
+    aesthetic_convert.convert_aesthetic_head(str(tmp_path / "bad.pth"), str(tmp_path / "o1"))
   torch.save({"layers.0.weight": torch.zeros(3, 3)}, tmp_path / "partial.pth")
   with pytest.raises(ValueError, match="missing"):
-    head_lib.convert_head(str(tmp_path / "partial.pth"), str(tmp_path / "o2"))
+    aesthetic_convert.convert_aesthetic_head(str(tmp_path / "partial.pth"), str(tmp_path / "o2"))
   torch.save([1, 2], tmp_path / "list.pth")
   with pytest.raises(ValueError, match="not a state_dict"):
-    head_lib.convert_head(str(tmp_path / "list.pth"), str(tmp_path / "o3"))
-  assert head_lib.main(["--pth", str(tmp_path / "none.pth"), "--out_dir", str(tmp_path / "o4")]) == 1
+    aesthetic_convert.convert_aesthetic_head(str(tmp_path / "list.pth"), str(tmp_path / "o3"))
+  assert aesthetic_convert.main(["--pth", str(tmp_path / "none.pth"), "--out_dir", str(tmp_path / "o4")]) == 1
   with pytest.raises(FileNotFoundError, match="has no config.json"):
     head_lib.load_head(str(tmp_path))
 
@@ -97,7 +98,7 @@ def test_reward_matches_transformers_pipeline(tmp_path):
   folder, ref = tiny.converted("legacy")
   mlp = published(seed=1, input_size=16, hidden=(24, 12, 8, 4))
   torch.save(mlp.state_dict(), tmp_path / "head.pth")
-  head_lib.convert_head(str(tmp_path / "head.pth"), str(tmp_path / "head"))
+  aesthetic_convert.convert_aesthetic_head(str(tmp_path / "head.pth"), str(tmp_path / "head"))
   composer = RewardComposer([{"name": "laion_aesthetic", "weight": 1.0,
                               "kwargs": {"clip_dir": str(folder), "head_dir": str(tmp_path / "head")}}])
   images = tiny.random_images((3, 45, 32), seed=5)
@@ -108,6 +109,6 @@ def test_reward_matches_transformers_pipeline(tmp_path):
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
   wrong = tmp_path / "wrong"
   torch.save(published(input_size=8, hidden=(24, 12, 8, 4)).state_dict(), tmp_path / "w.pth")
-  head_lib.convert_head(str(tmp_path / "w.pth"), str(wrong))
+  aesthetic_convert.convert_aesthetic_head(str(tmp_path / "w.pth"), str(wrong))
   with pytest.raises(ValueError, match="head reads 8-d embeddings, the CLIP gives 16-d"):
     aesthetic_lib.aesthetic_factory(str(folder), str(wrong))

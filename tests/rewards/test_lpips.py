@@ -29,6 +29,7 @@ from checkpoints_convert.maps.lpips import RULES
 from checkpoints_convert.rules import KeyMap
 from glmrl import rewards
 from glmrl.models.vgg import CONVS_PER_BLOCK, VGG16Config, VGG16Features
+from glmrl.models import lpips as lpips_model
 from glmrl.rewards import lpips as lpips_lib
 from tests.torch_port import abstract, port
 
@@ -78,14 +79,14 @@ class TorchLPIPS(nn.Module):
 
 @pytest.fixture(scope="module")
 def setup():
-  cfg = lpips_lib.LPIPSConfig.tiny()
+  cfg = lpips_model.LPIPSConfig.tiny()
   torch.manual_seed(0)
   ref = TorchLPIPS(cfg.vgg).eval()
   with torch.no_grad():
     for i in range(len(cfg.vgg.block_channels)):  # published heads are clamped to >= 0
       w = getattr(ref, f"lin{i}").model[1].weight
       w.copy_(w.abs())
-  ours = port(ref, lpips_lib.LPIPS, cfg, RULES)
+  ours = port(ref, lpips_model.LPIPS, cfg, RULES)
   graphdef, state = nnx.split(ours)
   # One jitted program for uint8 pairs (the reward's path) and one for [-1, 1] float pairs.
   fn = jax.jit(lambda s, x, y: lpips_lib.lpips_distance(nnx.merge(graphdef, s), x, y))
@@ -109,14 +110,14 @@ def _pair(seed, shape=(3, 40, 48, 3)):
 
 
 def test_key_coverage_both_ways():
-  cfg = lpips_lib.LPIPSConfig.tiny()
+  cfg = lpips_model.LPIPSConfig.tiny()
   hf_keys = list(TorchLPIPS(cfg.vgg).state_dict())
   single = [KeyMap([r]) for r in RULES]
   for key in hf_keys:
     hits = sum(m.hf_to_flax(key) is not None for m in single)
     assert hits == 1, f"{key} matched by {hits} rules"
   key_map = KeyMap(RULES)
-  params = [p for p, _ in nnx.to_flat_state(nnx.state(abstract(lpips_lib.LPIPS, cfg), nnx.Param))]
+  params = [p for p, _ in nnx.to_flat_state(nnx.state(abstract(lpips_model.LPIPS, cfg), nnx.Param))]
   produced = {key_map.hf_to_flax(k)[0] for k in hf_keys}
   flax_paths = {".".join(str(getattr(s, "key", s)) for s in p) for p in params}
   assert produced == flax_paths
@@ -192,7 +193,7 @@ def test_converter_round_trip(setup, tmp_path, fmt):
   out = tmp_path / "lpips_vgg"
   assert lpips_convert.main(["--vgg16", vgg_path, "--lpips", head_path, "--out_dir", str(out)]) == 0
   with open(out / "config.json") as f:
-    assert lpips_lib.LPIPSConfig.from_hf(json.load(f)) == cfg
+    assert lpips_model.LPIPSConfig.from_hf(json.load(f)) == cfg
   reward = lpips_lib.lpips_reward_factory(weights_dir=str(out))
   images, target = _pair(3)
   got = jax.jit(lambda x, t: reward(x, None, {"target_image": t}))(images, target)
@@ -218,18 +219,18 @@ def test_converter_errors(setup, tmp_path, capsys):
   assert "unexpected (1): lin0.model.1.bias" in err
   assert not (tmp_path / "o").exists()
   with pytest.raises(FileNotFoundError, match="no weights file"):
-    lpips_convert.convert(str(tmp_path / "nope.pth"), head_path, str(tmp_path / "o"))
+    lpips_convert.convert_lpips(str(tmp_path / "nope.pth"), head_path, str(tmp_path / "o"))
   with pytest.raises(ValueError, match="not a torchvision vgg16 state_dict"):
-    lpips_convert.convert(head_path, vgg_path, str(tmp_path / "o"))
+    lpips_convert.convert_lpips(head_path, vgg_path, str(tmp_path / "o"))
   with pytest.raises(FileNotFoundError, match="has no config.json"):
     lpips_lib.lpips_reward_factory(weights_dir=str(tmp_path))
 
 
 def test_configs():
-  full = lpips_lib.LPIPSConfig.full()
+  full = lpips_model.LPIPSConfig.full()
   assert full.vgg.block_channels == (64, 128, 256, 512, 512)
-  assert lpips_lib.LPIPSConfig.from_hf(full.to_hf()) == full
-  model = nnx.eval_shape(lambda: lpips_lib.LPIPS(full, rngs=nnx.Rngs(0)))
+  assert lpips_model.LPIPSConfig.from_hf(full.to_hf()) == full
+  model = nnx.eval_shape(lambda: lpips_model.LPIPS(full, rngs=nnx.Rngs(0)))
   n = sum(int(np.prod(v.shape)) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
   assert n == 14_714_688 + 1472  # torchvision vgg16 features + the five heads
   graphdef, state = nnx.split(model)
@@ -237,7 +238,7 @@ def test_configs():
   out = jax.eval_shape(lambda s, x, y: nnx.merge(graphdef, s)(x, y), state, image, image)
   assert out.shape == (2,)
   with pytest.raises(ValueError, match="only net='vgg' version='0.1'"):
-    lpips_lib.LPIPSConfig.from_hf({"net": "alex", "version": "0.1"})
+    lpips_model.LPIPSConfig.from_hf({"net": "alex", "version": "0.1"})
   with pytest.raises(ValueError, match="must have 5 entries"):
     VGG16Config(block_channels=(4, 8))
   with pytest.raises(ValueError, match=r"VGG16 input must be \[B, H, W, 3\]"):

@@ -38,7 +38,7 @@ def batch(tmp_path_factory):
 
 @functools.partial(nnx.jit, static_argnames=("prompt_len", "layout", "cfg", "chunk_size", "remat"))
 def _recompute(model, seq, pos, valid, *, prompt_len, layout, cfg, chunk_size, remat):
-  return logprobs.token_logprobs(model, seq, pos, valid, prompt_len=prompt_len, layout=layout, cfg=cfg,
+  return logprobs.teacher_forced_logprobs(model, seq, pos, valid, prompt_len=prompt_len, layout=layout, cfg=cfg,
                                  chunk_size=chunk_size, remat=remat)
 
 
@@ -163,10 +163,10 @@ def test_bad_input_raises(model, batch):
   cfg = SamplingConfig()
   out = ar_sampler.sample(model, batch, jax.random.split(jax.random.key(3), 2), cfg)
   with pytest.raises(ValueError, match="prompt_len"):
-    logprobs.token_logprobs(model, out.sequence_ids[:, 1:], out.positions[:, :, 1:], out.valid[:, 1:],
+    logprobs.teacher_forced_logprobs(model, out.sequence_ids[:, 1:], out.positions[:, :, 1:], out.valid[:, 1:],
                             prompt_len=out.prompt_len, layout=out.layout, cfg=cfg)
   with pytest.raises(ValueError, match="chunk_size=0"):
     logprobs.sample_logprobs(model, out, cfg, chunk_size=0)
   with pytest.raises(ValueError, match="positions"):
-    logprobs.token_logprobs(model, out.sequence_ids, out.positions[:2], out.valid, prompt_len=out.prompt_len,
+    logprobs.teacher_forced_logprobs(model, out.sequence_ids, out.positions[:2], out.valid, prompt_len=out.prompt_len,
                             layout=out.layout, cfg=cfg)

@@ -32,7 +32,8 @@ def main():
   config = tiny_config(mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor, grpo__group_size=8)
   trainer = loop.Trainer(config, args.workdir)
   run = trainer.run
-  rollout, shape, *_ = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(5), trainer.params)
+  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(5), trainer.params)
+  rollout, shape = collected.batch, collected.update_shape
   shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
   copy = lambda tree: jax.tree.map(jnp.copy, tree)
   ratios, gaps = {}, {}

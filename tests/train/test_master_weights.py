@@ -25,7 +25,8 @@ def setup(tmp_path_factory):
   config = tiny_config(optim__learning_rate=LEARNING_RATE, optim__warmup_steps=0, train__num_steps=100_000)
   trainer = loop.Trainer(config, str(tmp_path_factory.mktemp("master")))
   run = trainer.run
-  rollout, shape, *_ = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(3), trainer.params)
+  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(3), trainer.params)
+  rollout, shape = collected.batch, collected.update_shape
   yield trainer, rollout, loop.update_spec(run, *shape)
   trainer.close()
 

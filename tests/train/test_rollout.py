@@ -27,9 +27,9 @@ def test_near_constant_group_gets_zero_advantages_and_is_dropped(given_reward, n
   composer = rewards.RewardComposer([{"name": given_reward, "weight": 2.0, "normalize": normalize}], group_size=4,
                                     std_eps=1e-5)
   images = jnp.zeros((8, 8, 8, 3), jnp.uint8)
-  total, _, advantages, keep_B, zero_var = rollout_lib.score(
-      {}, images, {"r": jnp.asarray(REWARDS)}, composer=composer, group_size=4, scale="group",
-      estimator="grpo", drop_constant=drop)
+  total, _ = composer.score(images, [""] * 8, {"r": REWARDS})
+  advantages, keep_B, zero_var = rollout_lib.advantage_stats(
+      total, group_size=4, scale="group", estimator="grpo", std_eps=composer.std_eps, drop_constant=drop)
   # Per-reward normalisation uses the advantages' std convention and threshold: the noise group is 0.
   want_total = 2.0 * (reference.advantages(REWARDS, 4) if normalize else REWARDS.astype(np.float64))
   np.testing.assert_allclose(total, want_total, rtol=1e-5, atol=1e-6)

@@ -26,8 +26,6 @@ def test_batch_must_divide_over_the_mesh():
                     (1, 32, 1))
   with pytest.raises(ValueError, match="micro_batch_size=5 does not divide the global batch 12"):
     setup.check_batch(tiny_config(train__micro_batch_size=5, data__prompts_per_step=3), (1, 1, 1))
-  with pytest.raises(ValueError, match="group_size=1 must be at least 2"):
-    setup.check_batch(tiny_config(grpo__group_size=1), (1, 1, 1))
 
 
 @pytest.mark.parametrize("lines,message", [

@@ -54,7 +54,8 @@ def test_micro_batches_give_the_full_batch_update(trainer):
   first iteration (old log-probs from the forward) and on a later one (old log-probs given)."""
   run = trainer.run
   data_batch = next(run.iterator)
-  rollout, (prompt_len, layout), *_ = loop.rollout_lib.collect(run, data_batch, jax.random.key(7), trainer.params)
+  collected = loop.rollout_lib.collect(run, data_batch, jax.random.key(7), trainer.params)
+  rollout, (prompt_len, layout) = collected.batch, collected.update_shape
   # Group advantages have zero mean, which makes the on-policy loss zero up to rounding (whose value
   # depends on the summation order); shifted ones give a loss of order one to compare.
   rollout = rollout.replace(advantages=rollout.advantages + 0.25)

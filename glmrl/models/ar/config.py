@@ -13,6 +13,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from glmrl.models.config_fields import check_positive_ints, known_fields
+
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
@@ -23,19 +25,6 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 # The released checkpoint's rotary settings. transformers' GlmImageTextConfig() defaults
 # omit partial_rotary_factor / mrope_section, which config.json sets explicitly.
 _RELEASED_ROPE = dict(rope_theta=10000.0, partial_rotary_factor=0.5, mrope_section=(8, 12, 12))
-
-
-def _positive_ints(obj, names):
-  for name in names:
-    value = getattr(obj, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-      raise ValueError(f"{type(obj).__name__}.{name}={value!r} must be a positive int")
-
-
-def _pick(d: dict, cls) -> dict:
-  """The entries of `d` that are fields of `cls` (HF configs carry many unrelated keys)."""
-  names = {f.name for f in dataclasses.fields(cls)}
-  return {k: v for k, v in d.items() if k in names}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +48,7 @@ class TextConfig:
   eos_token_id: int = 16385
 
   def __post_init__(self):
-    _positive_ints(self, ("vocab_size", "vision_vocab_size", "hidden_size", "intermediate_size",
+    check_positive_ints(self, ("vocab_size", "vision_vocab_size", "hidden_size", "intermediate_size",
                           "num_hidden_layers", "num_attention_heads", "num_key_value_heads"))
     object.__setattr__(self, "mrope_section", tuple(int(s) for s in self.mrope_section))
     if self.hidden_size % self.num_attention_heads:
@@ -90,7 +79,7 @@ class TextConfig:
 
   @classmethod
   def from_hf(cls, d: dict) -> "TextConfig":
-    values = _pick(d, cls)
+    values = known_fields(cls, d)
     for k in ("rope_theta", "partial_rotary_factor", "mrope_section"):
       values.pop(k, None)
     # transformers 5 keeps the rotary settings in `rope_parameters`; older configs in `rope_scaling`
@@ -136,7 +125,7 @@ class VisionConfig:
   layer_norm_eps: float = 1e-6
 
   def __post_init__(self):
-    _positive_ints(self, ("depth", "hidden_size", "num_heads", "in_channels", "image_size",
+    check_positive_ints(self, ("depth", "hidden_size", "num_heads", "in_channels", "image_size",
                           "patch_size", "spatial_merge_size", "intermediate_size"))
     if self.hidden_size % self.num_heads:
       raise ValueError(f"VisionConfig.hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
@@ -164,7 +153,7 @@ class VisionConfig:
 
   @classmethod
   def from_hf(cls, d: dict) -> "VisionConfig":
-    values = _pick(d, cls)
+    values = known_fields(cls, d)
     for k in ("image_size", "patch_size"):
       if isinstance(values.get(k), (list, tuple)):
         raise ValueError(f"VisionConfig.{k}={values[k]!r}: only a single int is supported")
@@ -183,11 +172,11 @@ class VQConfig:
   in_channels: int = 3
 
   def __post_init__(self):
-    _positive_ints(self, ("embed_dim", "num_embeddings", "latent_channels", "in_channels"))
+    check_positive_ints(self, ("embed_dim", "num_embeddings", "latent_channels", "in_channels"))
 
   @classmethod
   def from_hf(cls, d: dict) -> "VQConfig":
-    return cls(**_pick(d, cls))
+    return cls(**known_fields(cls, d))
 
   def to_hf(self) -> dict:
     return dataclasses.asdict(self)

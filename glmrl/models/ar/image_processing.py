@@ -148,12 +148,12 @@ def to_rgb(image) -> Image.Image:
   return image.convert("RGB")
 
 
-def patchify(image_CxHxW: np.ndarray, cfg: ImageProcessorConfig) -> tuple[np.ndarray, int, int]:
+def patchify(image_Cxhxw: np.ndarray, cfg: ImageProcessorConfig) -> tuple[np.ndarray, int, int]:
   """[C, H, W] -> ([gh * gw, C * T * P * P], gh, gw), patches ordered merge-block by merge-block."""
-  c, h, w = image_CxHxW.shape
+  c, h, w = image_Cxhxw.shape
   p, m, t = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
   gh, gw = h // p, w // p
-  x = image_CxHxW.reshape(c, gh // m, m, p, gw // m, m, p)
+  x = image_Cxhxw.reshape(c, gh // m, m, p, gw // m, m, p)
   x = x.transpose(1, 4, 2, 5, 0, 3, 6)  # [gh/m, gw/m, m, m, C, P, P]
   # A still image fills every temporal slot of a patch with the same frame.
   x = np.broadcast_to(x[:, :, :, :, :, None], x.shape[:5] + (t,) + x.shape[5:])

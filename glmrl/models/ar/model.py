@@ -36,8 +36,8 @@ def _check_tokens(input_ids_BxL, positions_3xBxL, mask_name: str, mask, mask_len
 
 
 @functools.partial(nnx.jit, static_argnames=("h", "w"))
-def _image_ids(model: "GlmImageAR", patches_NxP, h: int, w: int):
-  return model.vq(model.visual(patches_NxP, h, w))
+def _image_ids(model: "GlmImageAR", patches_XxF, h: int, w: int):
+  return model.vq(model.visual(patches_XxF, h, w))
 
 
 class GlmImageAR(nnx.Module):
@@ -93,10 +93,10 @@ class GlmImageAR(nnx.Module):
       raise ValueError(f"{l} new tokens do not fit a cache of {cache.max_len} slots")
     return self.text.step(self.embed(input_ids_BxL), positions_3xBxL, key_valid_BxT, cache, start)
 
-  def image_tokens(self, pixel_values_NxP, grid_thw) -> jax.Array:
+  def image_tokens(self, pixel_values_XxF, grid_thw) -> jax.Array:
     """Codebook ids of condition images, image after image, each in raster order.
 
-    `pixel_values_NxP`: the processor's packed patch rows (channels x patch x patch each) of all
+    `pixel_values_XxF`: the processor's packed patch rows (channels x patch x patch each) of all
     images; `grid_thw`: host-side (num_images, 3) patch grids with t = 1. Each image gets its own
     attention; the encoder is compiled once per distinct (h, w).
     """
@@ -108,25 +108,25 @@ class GlmImageAR(nnx.Module):
       raise ValueError(f"grid_thw must hold at least one image with positive sizes, got {grid.tolist()}")
     if (grid[:, 0] != 1).any():
       raise ValueError(f"grid_thw temporal sizes must be 1 (images), got {grid[:, 0].tolist()}")
-    if pixel_values_NxP.ndim != 2 or pixel_values_NxP.shape[1] != v.patch_dim:
+    if pixel_values_XxF.ndim != 2 or pixel_values_XxF.shape[1] != v.patch_dim:
       raise ValueError(f"pixel_values must be [N, {v.patch_dim}] (channels x patch x patch), "
-                       f"got shape {tuple(pixel_values_NxP.shape)}")
+                       f"got shape {tuple(pixel_values_XxF.shape)}")
     sizes = grid[:, 1] * grid[:, 2]
-    if int(sizes.sum()) != pixel_values_NxP.shape[0]:
+    if int(sizes.sum()) != pixel_values_XxF.shape[0]:
       raise ValueError(f"grid_thw {grid.tolist()} covers {int(sizes.sum())} patches but pixel_values has "
-                       f"{pixel_values_NxP.shape[0]}")
+                       f"{pixel_values_XxF.shape[0]}")
     ids, offset = [], 0
     for (_, h, w), n in zip(grid.tolist(), sizes.tolist()):
-      patches = jnp.asarray(pixel_values_NxP[offset:offset + n], self.cfg.dtype)
+      patches = jnp.asarray(pixel_values_XxF[offset:offset + n], self.cfg.dtype)
       ids.append(_image_ids(self, patches, h, w))
       offset += n
     return jnp.concatenate(ids)
 
 
-def merge_image_tokens(input_ids_BxL, image_ids_N, image_token_id: int) -> np.ndarray:
-  """Host-side: replaces the `image_token_id` placeholders, in row-major order, by `image_ids_N`."""
+def merge_image_tokens(input_ids_BxL, image_ids_X, image_token_id: int) -> np.ndarray:
+  """Host-side: replaces the `image_token_id` placeholders, in row-major order, by `image_ids_X`."""
   ids = np.array(input_ids_BxL)
-  image_ids = np.asarray(image_ids_N).reshape(-1)
+  image_ids = np.asarray(image_ids_X).reshape(-1)
   slots = ids == image_token_id
   if int(slots.sum()) != image_ids.size:
     raise ValueError(f"{int(slots.sum())} image placeholder tokens (id {image_token_id}) but "

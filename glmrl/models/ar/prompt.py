@@ -86,7 +86,7 @@ class GenerationLayout:
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptBatch:
+class TokenizedPrompts:
   """A left-padded batch of prompts, host-side numpy.
 
   image_grid_thw / images_per_sample follow the processor: per sample its condition
@@ -166,7 +166,7 @@ class PromptProcessor:
     return "".join(f"{self.grid_bos}{h} {w}{self.grid_eos}" for _, h, w in rows) + self.bos
 
   def __call__(self, prompts: Sequence[str], height: int, width: int, images: Sequence[Sequence] | None = None,
-               pad_to_multiple_of: int | None = None) -> PromptBatch:
+               pad_to_multiple_of: int | None = None) -> TokenizedPrompts:
     """Tokenizes a batch; `images[i]` are the condition images of prompt i (image-to-image).
 
     All samples share the target size and the number of condition images. Prompts are
@@ -216,6 +216,7 @@ class PromptProcessor:
       input_ids[i, length - len(x):] = x
       valid[i, length - len(x):] = True
     per_sample = len(images[0]) + len(layout.grids)
-    return PromptBatch(input_ids=input_ids, valid=valid, image_grid_thw=np.asarray(grids, np.int64).reshape(-1, 3),
-                       images_per_sample=np.full(len(ids), per_sample, np.int64), layout=layout,
-                       pixel_values=pixel_values, source_grid_thw=source_grid_thw, texts=tuple(texts))
+    return TokenizedPrompts(input_ids=input_ids, valid=valid,
+                            image_grid_thw=np.asarray(grids, np.int64).reshape(-1, 3),
+                            images_per_sample=np.full(len(ids), per_sample, np.int64), layout=layout,
+                            pixel_values=pixel_values, source_grid_thw=source_grid_thw, texts=tuple(texts))

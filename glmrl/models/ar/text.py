@@ -39,12 +39,12 @@ class StackedLinear(nnx.Module):
                  if use_bias else None)
     self.dtype = cfg.dtype
 
-  def __call__(self, x_NxI: jax.Array) -> jax.Array:
-    kernel_IxSxO = self.kernel[...].astype(self.dtype)
-    y_NxSxO = jnp.einsum("...i,iso->...so", x_NxI.astype(self.dtype), kernel_IxSxO)
+  def __call__(self, x_BxLxI: jax.Array) -> jax.Array:
+    kernel_IxJxO = self.kernel[...].astype(self.dtype)
+    y_BxLxJxO = jnp.einsum("...i,iso->...so", x_BxLxI.astype(self.dtype), kernel_IxJxO)
     if self.bias is not None:
-      y_NxSxO = y_NxSxO + self.bias[...].astype(self.dtype)
-    return y_NxSxO
+      y_BxLxJxO = y_BxLxJxO + self.bias[...].astype(self.dtype)
+    return y_BxLxJxO
 
 
 class RMSNorm(nnx.Module):
@@ -89,17 +89,17 @@ def mrope_cos_sin(cfg: ARConfig, positions_3xBxL: jax.Array) -> tuple[jax.Array,
   rows_F = np.concatenate([np.full(s, i % 3) for i, s in enumerate(t.mrope_section)])
   pos_FxBxL = jnp.take(positions_3xBxL, jnp.asarray(rows_F), axis=0).astype(jnp.float32)
   freqs_BxLxF = jnp.moveaxis(pos_FxBxL, 0, -1) * jnp.asarray(inv_freq_F, jnp.float32)
-  freqs_BxLxR = jnp.concatenate([freqs_BxLxF, freqs_BxLxF], axis=-1)
-  return jnp.cos(freqs_BxLxR).astype(cfg.dtype), jnp.sin(freqs_BxLxR).astype(cfg.dtype)
+  freqs_BxLxA = jnp.concatenate([freqs_BxLxF, freqs_BxLxF], axis=-1)
+  return jnp.cos(freqs_BxLxA).astype(cfg.dtype), jnp.sin(freqs_BxLxA).astype(cfg.dtype)
 
 
-def apply_rope(x_BxLxNxD: jax.Array, cos_BxLxR: jax.Array, sin_BxLxR: jax.Array) -> jax.Array:
+def apply_rope(x_BxLxHxD: jax.Array, cos_BxLxA: jax.Array, sin_BxLxA: jax.Array) -> jax.Array:
   """Rotates the first rotary_dim channels of each head; the rest pass through."""
-  r = cos_BxLxR.shape[-1]
-  x_rot, x_pass = x_BxLxNxD[..., :r], x_BxLxNxD[..., r:]
+  r = cos_BxLxA.shape[-1]
+  x_rot, x_pass = x_BxLxHxD[..., :r], x_BxLxHxD[..., r:]
   half = r // 2
   rotated = jnp.concatenate([-x_rot[..., half:], x_rot[..., :half]], axis=-1)
-  cos, sin = cos_BxLxR[:, :, None, :], sin_BxLxR[:, :, None, :]
+  cos, sin = cos_BxLxA[:, :, None, :], sin_BxLxA[:, :, None, :]
   return jnp.concatenate([x_rot * cos + rotated * sin, x_pass], axis=-1)
 
 
@@ -111,13 +111,13 @@ def gqa_attention(q_BxLxHxD: jax.Array, k_BxTxKxD: jax.Array, v_BxTxKxD: jax.Arr
   """
   b, l, h, d = q_BxLxHxD.shape
   k = k_BxTxKxD.shape[2]
-  q_BxLxKxGxD = q_BxLxHxD.reshape(b, l, k, h // k, d)
-  logits_BxKxGxLxT = jnp.einsum("blkgd,btkd->bkglt", q_BxLxKxGxD, k_BxTxKxD,
+  q_BxLxKxQxD = q_BxLxHxD.reshape(b, l, k, h // k, d)
+  logits_BxKxQxLxT = jnp.einsum("blkgd,btkd->bkglt", q_BxLxKxQxD, k_BxTxKxD,
                                 preferred_element_type=jnp.float32) * (d ** -0.5)
-  logits_BxKxGxLxT = jnp.where(mask_BxLxT[:, None, None], logits_BxKxGxLxT, _MASKED)
-  probs_BxKxGxLxT = jax.nn.softmax(logits_BxKxGxLxT, axis=-1).astype(v_BxTxKxD.dtype)
-  out_BxLxKxGxD = jnp.einsum("bkglt,btkd->blkgd", probs_BxKxGxLxT, v_BxTxKxD)
-  return out_BxLxKxGxD.reshape(b, l, h * d)
+  logits_BxKxQxLxT = jnp.where(mask_BxLxT[:, None, None], logits_BxKxQxLxT, _MASKED)
+  probs_BxKxQxLxT = jax.nn.softmax(logits_BxKxQxLxT, axis=-1).astype(v_BxTxKxD.dtype)
+  out_BxLxKxQxD = jnp.einsum("bkglt,btkd->blkgd", probs_BxKxQxLxT, v_BxTxKxD)
+  return out_BxLxKxQxD.reshape(b, l, h * d)
 
 
 class Attention(nnx.Module):
@@ -131,7 +131,7 @@ class Attention(nnx.Module):
     self.v = linear(cfg, t.hidden_size, kv_dim, (EMBED, KV), use_bias=t.attention_bias, rngs=rngs)
     self.o = linear(cfg, q_dim, t.hidden_size, (HEADS, EMBED), use_bias=False, rngs=rngs)
 
-  def __call__(self, x_BxLxE, cos_BxLxR, sin_BxLxR, mask_BxLxT, cache=None):
+  def __call__(self, x_BxLxE, cos_BxLxA, sin_BxLxA, mask_BxLxT, cache=None):
     """`cache`: None (attend to this call's own keys) or (k_all, v_all, layer, start).
 
     With a cache, the new keys/values go into slots [start, start+L) of layer `layer` and
@@ -141,8 +141,8 @@ class Attention(nnx.Module):
     q_BxLxHxD = self.q(x_BxLxE).reshape(b, l, self.num_heads, self.head_dim)
     k_BxLxKxD = self.k(x_BxLxE).reshape(b, l, self.num_kv_heads, self.head_dim)
     v_BxLxKxD = self.v(x_BxLxE).reshape(b, l, self.num_kv_heads, self.head_dim)
-    q_BxLxHxD = apply_rope(q_BxLxHxD, cos_BxLxR, sin_BxLxR)
-    k_BxLxKxD = apply_rope(k_BxLxKxD, cos_BxLxR, sin_BxLxR)
+    q_BxLxHxD = apply_rope(q_BxLxHxD, cos_BxLxA, sin_BxLxA)
+    k_BxLxKxD = apply_rope(k_BxLxKxD, cos_BxLxA, sin_BxLxA)
     if cache is None:
       out = gqa_attention(q_BxLxHxD, k_BxLxKxD, v_BxLxKxD, mask_BxLxT)
       return self.o(out), None
@@ -183,8 +183,8 @@ class DecoderLayer(nnx.Module):
     self.mlp = GatedMLP(cfg, rngs=rngs)
     self.post_mlp_layernorm = RMSNorm(cfg, t.hidden_size, t.rms_norm_eps, rngs=rngs)
 
-  def __call__(self, x_BxLxE, cos_BxLxR, sin_BxLxR, mask_BxLxT, cache=None):
-    attn, cache = self.attn(self.input_layernorm(x_BxLxE), cos_BxLxR, sin_BxLxR, mask_BxLxT, cache)
+  def __call__(self, x_BxLxE, cos_BxLxA, sin_BxLxA, mask_BxLxT, cache=None):
+    attn, cache = self.attn(self.input_layernorm(x_BxLxE), cos_BxLxA, sin_BxLxA, mask_BxLxT, cache)
     x_BxLxE = x_BxLxE + self.post_self_attn_layernorm(attn)
     x_BxLxE = x_BxLxE + self.post_mlp_layernorm(self.mlp(self.post_attention_layernorm(x_BxLxE)))
     return x_BxLxE, cache

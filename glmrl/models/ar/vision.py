@@ -40,19 +40,19 @@ def pos_embed_taps(h: int, w: int, grid: int) -> tuple[np.ndarray, np.ndarray]:
   return rows.astype(np.int32), wts.astype(f32)
 
 
-def full_attention(q_NxHxD: jax.Array, k_NxHxD: jax.Array, v_NxHxD: jax.Array) -> jax.Array:
+def full_attention(q_XxHxD: jax.Array, k_XxHxD: jax.Array, v_XxHxD: jax.Array) -> jax.Array:
   """Bidirectional attention within one image, in query chunks; softmax in float32."""
-  n, h, d = q_NxHxD.shape
+  n, h, d = q_XxHxD.shape
 
-  def attend(q_CxHxD):
-    logits_HxCxN = jnp.einsum("chd,nhd->hcn", q_CxHxD, k_NxHxD, preferred_element_type=jnp.float32) * (d ** -0.5)
-    probs_HxCxN = jax.nn.softmax(logits_HxCxN, axis=-1).astype(v_NxHxD.dtype)
-    return jnp.einsum("hcn,nhd->chd", probs_HxCxN, v_NxHxD)
+  def attend(q_LxHxD):
+    logits_HxLxX = jnp.einsum("chd,nhd->hcn", q_LxHxD, k_XxHxD, preferred_element_type=jnp.float32) * (d ** -0.5)
+    probs_HxLxX = jax.nn.softmax(logits_HxLxX, axis=-1).astype(v_XxHxD.dtype)
+    return jnp.einsum("hcn,nhd->chd", probs_HxLxX, v_XxHxD)
 
   if n <= _QUERY_CHUNK:
-    return attend(q_NxHxD)
+    return attend(q_XxHxD)
   chunks = -(-n // _QUERY_CHUNK)
-  q_pad = jnp.pad(q_NxHxD, ((0, chunks * _QUERY_CHUNK - n), (0, 0), (0, 0)))
+  q_pad = jnp.pad(q_XxHxD, ((0, chunks * _QUERY_CHUNK - n), (0, 0), (0, 0)))
   out = jax.lax.map(attend, q_pad.reshape(chunks, _QUERY_CHUNK, h, d))
   return out.reshape(chunks * _QUERY_CHUNK, h, d)[:n]
 
@@ -66,10 +66,10 @@ class VisionAttention(nnx.Module):
                              rngs=rngs)
     self.proj = linear(cfg, v.hidden_size, v.hidden_size, (HEADS, EMBED), use_bias=v.attention_bias, rngs=rngs)
 
-  def __call__(self, x_NxE):
-    n = x_NxE.shape[0]
-    qkv_Nx3xE = self.qkv(x_NxE)
-    q, k, v = (qkv_Nx3xE[:, i].reshape(n, self.num_heads, self.head_dim) for i in range(3))
+  def __call__(self, x_XxE):
+    n = x_XxE.shape[0]
+    qkv_Xx3xE = self.qkv(x_XxE)
+    q, k, v = (qkv_Xx3xE[:, i].reshape(n, self.num_heads, self.head_dim) for i in range(3))
     return self.proj(full_attention(q, k, v).reshape(n, -1))
 
 
@@ -81,8 +81,8 @@ class VisionMLP(nnx.Module):
     self.fc2 = linear(cfg, v.intermediate_size, v.hidden_size, (MLP, EMBED), use_bias=True, rngs=rngs)
     self.act = ACTIVATIONS[v.hidden_act]
 
-  def __call__(self, x_NxE):
-    return self.fc2(self.act(self.fc1(x_NxE)))
+  def __call__(self, x_XxE):
+    return self.fc2(self.act(self.fc1(x_XxE)))
 
 
 def _layer_norm(cfg: ARConfig, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
@@ -100,9 +100,9 @@ class VisionBlock(nnx.Module):
     self.norm2 = _layer_norm(cfg, rngs=rngs)
     self.mlp = VisionMLP(cfg, rngs=rngs)
 
-  def __call__(self, x_NxE):
-    x_NxE = x_NxE + self.attn(self.norm1(x_NxE))
-    return x_NxE + self.mlp(self.norm2(x_NxE))
+  def __call__(self, x_XxE):
+    x_XxE = x_XxE + self.attn(self.norm1(x_XxE))
+    return x_XxE + self.mlp(self.norm2(x_XxE))
 
 
 class VisionEncoder(nnx.Module):
@@ -120,21 +120,21 @@ class VisionEncoder(nnx.Module):
                                rngs=rngs, embedding_metadata={"out_sharding": (None, EMBED)})
     self.blocks = nnx.List([VisionBlock(cfg, rngs=rngs) for _ in range(v.depth)])
 
-  def __call__(self, patches_NxP: jax.Array, h: int, w: int) -> jax.Array:
+  def __call__(self, patches_XxF: jax.Array, h: int, w: int) -> jax.Array:
     """Features [h*w, hidden] of one image given its h*w packed patch rows (raster order)."""
     v = self.cfg.vision
-    n = patches_NxP.shape[0]
-    if patches_NxP.ndim != 2 or patches_NxP.shape[1] != v.patch_dim or n != h * w:
-      raise ValueError(f"patches shape {patches_NxP.shape} does not match an {h}x{w} grid of "
+    n = patches_XxF.shape[0]
+    if patches_XxF.ndim != 2 or patches_XxF.shape[1] != v.patch_dim or n != h * w:
+      raise ValueError(f"patches shape {patches_XxF.shape} does not match an {h}x{w} grid of "
                        f"{v.patch_dim}-wide patch rows")
     p = v.patch_size
-    pixels_NxPxPxC = patches_NxP.reshape(n, v.in_channels, p, p).transpose(0, 2, 3, 1)
-    x_NxE = self.patch_embed(pixels_NxPxPxC).reshape(n, v.hidden_size)
-    rows_Nx4, wts_Nx4 = pos_embed_taps(h, w, v.pos_grid)
+    pixels_XxpxpxC = patches_XxF.reshape(n, v.in_channels, p, p).transpose(0, 2, 3, 1)
+    x_XxE = self.patch_embed(pixels_XxpxpxC).reshape(n, v.hidden_size)
+    rows_Xx4, wts_Xx4 = pos_embed_taps(h, w, v.pos_grid)
     # The reference resamples the table in float32 and casts the result to the table's dtype.
     table = self.pos_embed.embedding[...].astype(jnp.float32)
-    pos_NxE = jnp.einsum("nk,nke->ne", jnp.asarray(wts_Nx4), table[jnp.asarray(rows_Nx4)])
-    x_NxE = x_NxE + pos_NxE.astype(self.pos_embed.embedding.dtype).astype(x_NxE.dtype)
+    pos_XxE = jnp.einsum("nk,nke->ne", jnp.asarray(wts_Xx4), table[jnp.asarray(rows_Xx4)])
+    x_XxE = x_XxE + pos_XxE.astype(self.pos_embed.embedding.dtype).astype(x_XxE.dtype)
     for block in self.blocks:
-      x_NxE = block(x_NxE)
-    return x_NxE
+      x_XxE = block(x_XxE)
+    return x_XxE

@@ -40,12 +40,12 @@ class VectorQuantizer(nnx.Module):
     self.codebook = nnx.Embed(q.num_embeddings, q.embed_dim, dtype=jnp.float32, param_dtype=cfg.param_dtype,
                               rngs=rngs, embedding_metadata={"out_sharding": (None, None)})
 
-  def __call__(self, feats_NxC: jax.Array) -> jax.Array:
+  def __call__(self, feats_XxC: jax.Array) -> jax.Array:
     """Codebook ids [N] (int32) of per-token features [N, latent_channels]."""
-    z_NxE = self.quant_conv(feats_NxC.astype(jnp.float32)[None, :, None, :])[0, :, 0, :]
-    z_NxE = l2_normalize(z_NxE)
-    e_CxE = l2_normalize(self.codebook.embedding[...].astype(jnp.float32))
+    z_XxE = self.quant_conv(feats_XxC.astype(jnp.float32)[None, :, None, :])[0, :, 0, :]
+    z_XxE = l2_normalize(z_XxE)
+    e_VxE = l2_normalize(self.codebook.embedding[...].astype(jnp.float32))
     # Same expansion of |z - e|^2 as the reference so near-ties resolve the same way.
-    dist_NxC = (jnp.sum(jnp.square(z_NxE), axis=1, keepdims=True) + jnp.sum(jnp.square(e_CxE), axis=1)[None]
-                - 2 * jnp.einsum("ne,ce->nc", z_NxE, e_CxE, precision=jax.lax.Precision.HIGHEST))
-    return jnp.argmin(dist_NxC, axis=1).astype(jnp.int32)
+    dist_XxV = (jnp.sum(jnp.square(z_XxE), axis=1, keepdims=True) + jnp.sum(jnp.square(e_VxE), axis=1)[None]
+                - 2 * jnp.einsum("ne,ce->nc", z_XxE, e_VxE, precision=jax.lax.Precision.HIGHEST))
+    return jnp.argmin(dist_XxV, axis=1).astype(jnp.int32)

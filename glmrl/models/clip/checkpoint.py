@@ -5,28 +5,23 @@ from __future__ import annotations
 import json
 import os
 
-from flax import nnx
-
+from glmrl.checkpoint import params as params_lib
+from glmrl.models.clip.config import ClipConfig
 from glmrl.models.clip.model import ClipModel
 from glmrl.models.clip.preprocess import ImageProcessing
 
-# The name the converter registers CLIP under (`checkpoints_convert.components`).
-COMPONENT = "clip"
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 
 
-def load_model(ckpt_dir: str, sharding=None, **config_overrides) -> ClipModel:
+def load_clip(ckpt_dir: str, sharding=None, **config_overrides) -> ClipModel:
   """The CLIP model stored in `ckpt_dir`; keyword arguments set runtime fields (dtype, param_dtype).
 
   `sharding`: one jax Sharding for every parameter (e.g. replicated on the training mesh, so a
   jitted step over that mesh can read the weights); default: the first device.
   """
-  from checkpoints_convert import components, hf_to_flax
-
-  component = components.get(COMPONENT)
-  cfg = component.config_from_hf(component.read_config(ckpt_dir), **config_overrides)
-  graphdef, abstract, rest = component.build(cfg)
-  return nnx.merge(graphdef, hf_to_flax.load_params(ckpt_dir, abstract, sharding), rest)
+  return params_lib.load_module(
+      ckpt_dir, ClipConfig, ClipModel, sharding, **config_overrides,
+      how_to_make="convert a CLIPModel folder with `python -m checkpoints_convert.clip`")
 
 
 def load_image_processing(directory: str) -> ImageProcessing:

@@ -14,6 +14,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from glmrl.models.config_fields import check_positive_ints, known_fields
+
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     # OpenAI's CLIP was trained with the sigmoid approximation x * sigmoid(1.702 x).
     "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
@@ -28,24 +30,12 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 LEGACY_EOS_TOKEN_ID = 2
 
 
-def _positive_ints(obj, names):
-  for name in names:
-    value = getattr(obj, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-      raise ValueError(f"{type(obj).__name__}.{name}={value!r} must be a positive int")
-
-
 def _sub_config(d: dict, key: str) -> dict:
   """A sub-config dict; a legacy `<key>_dict` entry wins over `<key>`, as in transformers."""
   legacy = d.get(key + "_dict")
   if legacy is not None:
     return dict(legacy)
   return dict(d.get(key) or {})
-
-
-def _fields(cls, d: dict) -> dict:
-  names = {f.name for f in dataclasses.fields(cls)}
-  return {k: v for k, v in d.items() if k in names and v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +54,7 @@ class ClipTextConfig:
   eos_token_id: int = LEGACY_EOS_TOKEN_ID
 
   def __post_init__(self):
-    _positive_ints(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    check_positive_ints(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                           "num_attention_heads", "max_position_embeddings"))
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(f"ClipTextConfig.hidden_size={self.hidden_size} is not divisible by "
@@ -84,7 +74,7 @@ class ClipTextConfig:
     values = dict(vocab_size=49408, hidden_size=512, intermediate_size=2048, num_hidden_layers=12,
                   num_attention_heads=8, max_position_embeddings=77, hidden_act="quick_gelu",
                   layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=49406, eos_token_id=49407)
-    values.update(_fields(cls, d))
+    values.update(known_fields(cls, d, drop_none=True))
     return cls(**values)
 
   def to_hf(self) -> dict:
@@ -108,7 +98,7 @@ class ClipVisionConfig:
     for name in ("image_size", "patch_size"):
       if isinstance(getattr(self, name), (list, tuple)):
         raise ValueError(f"ClipVisionConfig.{name}={getattr(self, name)!r}: only a single int is supported")
-    _positive_ints(self, ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    check_positive_ints(self, ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                           "num_channels", "image_size", "patch_size"))
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(f"ClipVisionConfig.hidden_size={self.hidden_size} is not divisible by "
@@ -137,7 +127,7 @@ class ClipVisionConfig:
     # transformers' CLIPVisionConfig defaults for keys a config.json leaves out.
     values = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                   num_channels=3, image_size=224, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5)
-    values.update(_fields(cls, d))
+    values.update(known_fields(cls, d, drop_none=True))
     return cls(**values)
 
   def to_hf(self) -> dict:
@@ -155,7 +145,7 @@ class ClipConfig:
   param_dtype: Any = jnp.float32
 
   def __post_init__(self):
-    _positive_ints(self, ("projection_dim",))
+    check_positive_ints(self, ("projection_dim",))
 
   @classmethod
   def from_hf(cls, config_dict: dict, **overrides) -> "ClipConfig":

@@ -96,35 +96,36 @@ class ClipEmbedder:
       self._cache.popitem(last=False)
     return np.stack(out).astype(np.float32)
 
-  def image_embeds(self, images_BxHxWx3) -> jax.Array:
+  def image_embeds(self, images_Bxhxwx3) -> jax.Array:
     """float32 [B, P] unit-norm image embeddings of uint8 images; traceable under jit."""
-    return l2_normalize(self.model.image_features(preprocess(images_BxHxWx3, self.processing)))
+    return l2_normalize(self.model.image_features(preprocess(images_Bxhxwx3, self.processing)))
 
 
 def load_embedder(ckpt_dir: str, *, tokenizer_dir: str | None = None, sharding=None,
                   **config_overrides) -> ClipEmbedder:
   """A ClipEmbedder from a converted CLIP folder; the tokenizer (files in `tokenizer_dir`, default
   `ckpt_dir`) is loaded on the first `text_embeds` call, so image-only users never need it.
-  `sharding` and `config_overrides` go to `load_model`."""
-  from glmrl.models.clip.checkpoint import load_image_processing, load_model
+  `sharding` and `config_overrides` go to `load_clip`."""
+  from glmrl.models.clip.checkpoint import load_clip, load_image_processing
 
   if not isinstance(ckpt_dir, str) or not os.path.isdir(ckpt_dir):
     raise ValueError(f"CLIP ckpt_dir={ckpt_dir!r} is not a directory (convert a CLIPModel folder with "
-                     "`python -m glmrl.models.clip.convert`)")
-  model = load_model(ckpt_dir, sharding, **config_overrides)
+                     "`python -m checkpoints_convert.clip`)")
+  model = load_clip(ckpt_dir, sharding, **config_overrides)
   max_length = model.cfg.text.max_position_embeddings
   return ClipEmbedder(model, load_image_processing(ckpt_dir),
                       lambda: PromptTokenizer.from_pretrained(tokenizer_dir or ckpt_dir, max_length))
 
 
 @functools.lru_cache(maxsize=4)
-def _cached(ckpt_dir: str, tokenizer_dir: str | None) -> ClipEmbedder:
-  return load_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir)
+def _cached(ckpt_dir: str, tokenizer_dir: str | None, sharding) -> ClipEmbedder:
+  return load_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir, sharding=sharding)
 
 
-def cached_embedder(ckpt_dir: str, *, tokenizer_dir: str | None = None) -> ClipEmbedder:
-  """`load_embedder`, once per folder: rewards that share a CLIP (the CLIP score and the aesthetic
-  predictor both read ViT-L/14) share one copy of its weights and its prompt cache."""
+def cached_embedder(ckpt_dir: str, *, tokenizer_dir: str | None = None, sharding=None) -> ClipEmbedder:
+  """`load_embedder`, once per (folder, sharding): rewards that share a CLIP (the CLIP score and the
+  aesthetic predictor both read ViT-L/14) share one copy of its weights and its prompt cache, and
+  weights placed for one mesh are never handed to code running on another."""
   if not isinstance(ckpt_dir, str) or not ckpt_dir:
     raise ValueError(f"CLIP ckpt_dir={ckpt_dir!r} must name a converted CLIP folder")
-  return _cached(os.path.abspath(ckpt_dir), tokenizer_dir and os.path.abspath(tokenizer_dir))
+  return _cached(os.path.abspath(ckpt_dir), tokenizer_dir and os.path.abspath(tokenizer_dir), sharding)

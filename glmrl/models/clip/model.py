@@ -25,9 +25,9 @@ class ClipOutput(NamedTuple):
   logits_per_image: jax.Array  # [B, T] exp(logit_scale) * cosine
 
 
-def l2_normalize(x_BxP: jax.Array) -> jax.Array:
-  x_BxP = x_BxP.astype(jnp.float32)
-  return x_BxP / jnp.sqrt(jnp.sum(jnp.square(x_BxP), axis=-1, keepdims=True))
+def l2_normalize(x_BxE: jax.Array) -> jax.Array:
+  x_BxE = x_BxE.astype(jnp.float32)
+  return x_BxE / jnp.sqrt(jnp.sum(jnp.square(x_BxE), axis=-1, keepdims=True))
 
 
 class TextTower(nnx.Module):
@@ -92,18 +92,18 @@ class VisionTower(nnx.Module):
     self.layers = nnx.List([EncoderLayer(cfg, v, rngs=rngs) for _ in range(v.num_hidden_layers)])
     self.post_norm = layer_norm(cfg, v.hidden_size, v.layer_norm_eps, rngs=rngs)
 
-  def __call__(self, pixel_values_BxHxWxC):
+  def __call__(self, pixel_values_BxhxwxC):
     """(last_hidden_state [B, 1 + N, D], pooled [B, D]) of preprocessed NHWC images."""
     v = self.cfg
     want = (v.image_size, v.image_size, v.num_channels)
-    if pixel_values_BxHxWxC.ndim != 4 or tuple(pixel_values_BxHxWxC.shape[1:]) != want:
+    if pixel_values_BxhxwxC.ndim != 4 or tuple(pixel_values_BxhxwxC.shape[1:]) != want:
       raise ValueError(f"pixel_values must be [B, {v.image_size}, {v.image_size}, {v.num_channels}] (NHWC), "
-                       f"got shape {tuple(pixel_values_BxHxWxC.shape)}")
-    b = pixel_values_BxHxWxC.shape[0]
-    patches_BxGxGxD = self.patch_embedding(pixel_values_BxHxWxC)
-    patches_BxNxD = patches_BxGxGxD.reshape(b, v.grid ** 2, v.hidden_size)
-    cls_Bx1xD = jnp.broadcast_to(self.class_embedding[...].astype(patches_BxNxD.dtype), (b, 1, v.hidden_size))
-    x_BxTxD = jnp.concatenate([cls_Bx1xD, patches_BxNxD], axis=1)
+                       f"got shape {tuple(pixel_values_BxhxwxC.shape)}")
+    b = pixel_values_BxhxwxC.shape[0]
+    patches_BxhxwxD = self.patch_embedding(pixel_values_BxhxwxC)
+    patches_BxXxD = patches_BxhxwxD.reshape(b, v.grid ** 2, v.hidden_size)
+    cls_Bx1xD = jnp.broadcast_to(self.class_embedding[...].astype(patches_BxXxD.dtype), (b, 1, v.hidden_size))
+    x_BxTxD = jnp.concatenate([cls_Bx1xD, patches_BxXxD], axis=1)
     x_BxTxD = self.pre_norm(x_BxTxD + self.position_embedding[...].astype(x_BxTxD.dtype))
     for layer in self.layers:
       x_BxTxD = layer(x_BxTxD)
@@ -127,12 +127,12 @@ class ClipModel(nnx.Module):
     """Projected pooled text features [B, P] (not normalised)."""
     return self.text_projection(self.text(input_ids_BxL, attention_mask_BxL)[1])
 
-  def image_features(self, pixel_values_BxHxWxC):
+  def image_features(self, pixel_values_BxhxwxC):
     """Projected pooled image features [B, P] (not normalised)."""
-    return self.visual_projection(self.vision(pixel_values_BxHxWxC)[1])
+    return self.visual_projection(self.vision(pixel_values_BxhxwxC)[1])
 
-  def __call__(self, pixel_values_BxHxWxC, input_ids_TxL, attention_mask_TxL=None) -> ClipOutput:
-    image_BxP = l2_normalize(self.image_features(pixel_values_BxHxWxC))
-    text_TxP = l2_normalize(self.text_features(input_ids_TxL, attention_mask_TxL))
+  def __call__(self, pixel_values_BxhxwxC, input_ids_BxL, attention_mask_BxL=None) -> ClipOutput:
+    image_BxE = l2_normalize(self.image_features(pixel_values_BxhxwxC))
+    text_BxE = l2_normalize(self.text_features(input_ids_BxL, attention_mask_BxL))
     scale = jnp.exp(self.logit_scale[...].astype(jnp.float32))
-    return ClipOutput(image_BxP, text_TxP, scale * jnp.einsum("bp,tp->bt", image_BxP, text_TxP))
+    return ClipOutput(image_BxE, text_BxE, scale * jnp.einsum("bp,tp->bt", image_BxE, text_BxE))

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from glmrl.models.config_fields import check_positive_ints
+
 # transformers' OPENAI_CLIP_MEAN / OPENAI_CLIP_STD, used by every CLIP checkpoint here.
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -64,10 +66,8 @@ class ImageProcessing:
     if self.do_resize and (self.shortest_edge is None) == (None in exact):
       raise ValueError(f"give either shortest_edge or both resize_height and resize_width, got "
                        f"shortest_edge={self.shortest_edge}, resize=({self.resize_height}, {self.resize_width})")
-    for name in ("shortest_edge", "resize_height", "resize_width", "crop_height", "crop_width"):
-      value = getattr(self, name)
-      if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-        raise ValueError(f"ImageProcessing.{name}={value!r} must be a positive int")
+    check_positive_ints(self, ("shortest_edge", "resize_height", "resize_width", "crop_height", "crop_width"),
+                        optional=True)
     if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
       raise ValueError(f"image_mean={self.image_mean} / image_std={self.image_std} must be 3 values, std > 0")
 
@@ -126,14 +126,14 @@ class ImageProcessing:
     return self.resized_hw(height, width)
 
 
-def _resize_axis_uint8(x_BxHxWxC: jax.Array, axis: int, size: int, kernel: str) -> jax.Array:
+def _resize_axis_uint8(x_BxhxwxC: jax.Array, axis: int, size: int, kernel: str) -> jax.Array:
   """One antialiased pass along `axis` of uint8-valued floats, rounded and clipped like PIL."""
-  if x_BxHxWxC.shape[axis] == size:
-    return x_BxHxWxC
-  shape = list(x_BxHxWxC.shape)
+  if x_BxhxwxC.shape[axis] == size:
+    return x_BxhxwxC
+  shape = list(x_BxhxwxC.shape)
   shape[axis] = size
-  scale = size / x_BxHxWxC.shape[axis]
-  y = jax.image.scale_and_translate(x_BxHxWxC, shape, (axis,), jnp.asarray([scale], jnp.float32),
+  scale = size / x_BxhxwxC.shape[axis]
+  y = jax.image.scale_and_translate(x_BxhxwxC, shape, (axis,), jnp.asarray([scale], jnp.float32),
                                     jnp.zeros((1,), jnp.float32), method=kernel, antialias=True)
   # PIL rounds half up when it stores each pass as uint8.
   return jnp.clip(jnp.floor(y + 0.5), 0.0, 255.0)
@@ -146,25 +146,25 @@ def center_crop_offsets(height: int, width: int, crop_h: int, crop_w: int) -> tu
   return (height - crop_h) // 2, (width - crop_w) // 2
 
 
-def preprocess(images_BxHxWx3, proc: ImageProcessing) -> jax.Array:
+def preprocess(images_Bxhxwx3, proc: ImageProcessing) -> jax.Array:
   """uint8 [B, H, W, 3] images -> float32 pixel values [B, crop_h, crop_w, 3] (NHWC) for the vision tower."""
-  shape = tuple(images_BxHxWx3.shape)
+  shape = tuple(images_Bxhxwx3.shape)
   if len(shape) != 4 or shape[-1] != 3:
     raise ValueError(f"images must be [B, H, W, 3], got shape {shape}")
-  if np.dtype(images_BxHxWx3.dtype) != np.uint8:
-    raise ValueError(f"images must be uint8, got dtype {images_BxHxWx3.dtype}")
-  x_BxHxWx3 = jnp.asarray(images_BxHxWx3).astype(jnp.float32)
+  if np.dtype(images_Bxhxwx3.dtype) != np.uint8:
+    raise ValueError(f"images must be uint8, got dtype {images_Bxhxwx3.dtype}")
+  x_Bxhxwx3 = jnp.asarray(images_Bxhxwx3).astype(jnp.float32)
   if proc.do_resize:
     new_h, new_w = proc.resized_hw(shape[1], shape[2])
     kernel = RESAMPLE[proc.resample]
-    x_BxHxWx3 = _resize_axis_uint8(x_BxHxWx3, 2, new_w, kernel)
-    x_BxHxWx3 = _resize_axis_uint8(x_BxHxWx3, 1, new_h, kernel)
+    x_Bxhxwx3 = _resize_axis_uint8(x_Bxhxwx3, 2, new_w, kernel)
+    x_Bxhxwx3 = _resize_axis_uint8(x_Bxhxwx3, 1, new_h, kernel)
   if proc.do_center_crop:
-    h, w = x_BxHxWx3.shape[1:3]
+    h, w = x_Bxhxwx3.shape[1:3]
     top, left = center_crop_offsets(h, w, proc.crop_height, proc.crop_width)
-    x_BxHxWx3 = x_BxHxWx3[:, top:top + proc.crop_height, left:left + proc.crop_width]
+    x_Bxhxwx3 = x_Bxhxwx3[:, top:top + proc.crop_height, left:left + proc.crop_width]
   if proc.do_rescale:
-    x_BxHxWx3 = x_BxHxWx3 * jnp.float32(proc.rescale_factor)
+    x_Bxhxwx3 = x_Bxhxwx3 * jnp.float32(proc.rescale_factor)
   if proc.do_normalize:
-    x_BxHxWx3 = (x_BxHxWx3 - jnp.asarray(proc.image_mean, jnp.float32)) / jnp.asarray(proc.image_std, jnp.float32)
-  return x_BxHxWx3
+    x_Bxhxwx3 = (x_Bxhxwx3 - jnp.asarray(proc.image_mean, jnp.float32)) / jnp.asarray(proc.image_std, jnp.float32)
+  return x_Bxhxwx3

@@ -62,7 +62,7 @@ class DiTBlock(nnx.Module):
     self.attn = Attention(cfg, rngs=rngs)
     self.mlp = MLP(cfg, e, cfg.ff_dim, e, "gelu_tanh", (EMBED, MLP_AXIS), (MLP_AXIS, EMBED), rngs=rngs)
 
-  def __call__(self, img_BxNxE, txt_BxTxE, temb_BxC, cos_SxD, sin_SxD, key_valid_BxK=None, cached_kv=None):
+  def __call__(self, img_BxXxE, txt_BxTxE, temb_BxC, cos_SxD, sin_SxD, key_valid_BxK=None, cached_kv=None):
     """Returns (image stream, text stream, (k, v) of this pass)."""
     b, t = txt_BxTxE.shape[:2]
     emb_Bx12xE = self.adaln(temb_BxC).reshape(b, 12, -1)
@@ -70,18 +70,18 @@ class DiTBlock(nnx.Module):
 
     x_BxSxE = jnp.concatenate([
         modulate(layer_norm(txt_BxTxE), m["c_shift_msa"], m["c_scale_msa"]),
-        modulate(layer_norm(img_BxNxE), m["shift_msa"], m["scale_msa"]),
+        modulate(layer_norm(img_BxXxE), m["shift_msa"], m["scale_msa"]),
     ], axis=1)
     attn_BxSxE, kv = self.attn(x_BxSxE, cos_SxD, sin_SxD, key_valid_BxK, cached_kv)
     txt_BxTxE = txt_BxTxE + attn_BxSxE[:, :t] * m["c_gate_msa"][:, None]
-    img_BxNxE = img_BxNxE + attn_BxSxE[:, t:] * m["gate_msa"][:, None]
+    img_BxXxE = img_BxXxE + attn_BxSxE[:, t:] * m["gate_msa"][:, None]
 
     # One MLP call over both streams: the weights are shared and rows are independent.
     x_BxSxE = jnp.concatenate([
         modulate(layer_norm(txt_BxTxE), m["c_shift_mlp"], m["c_scale_mlp"]),
-        modulate(layer_norm(img_BxNxE), m["shift_mlp"], m["scale_mlp"]),
+        modulate(layer_norm(img_BxXxE), m["shift_mlp"], m["scale_mlp"]),
     ], axis=1)
     ff_BxSxE = self.mlp(x_BxSxE)
     txt_BxTxE = txt_BxTxE + ff_BxSxE[:, :t] * m["c_gate_mlp"][:, None]
-    img_BxNxE = img_BxNxE + ff_BxSxE[:, t:] * m["gate_mlp"][:, None]
-    return img_BxNxE, txt_BxTxE, kv
+    img_BxXxE = img_BxXxE + ff_BxSxE[:, t:] * m["gate_mlp"][:, None]
+    return img_BxXxE, txt_BxTxE, kv

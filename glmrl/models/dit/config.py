@@ -8,6 +8,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from glmrl.models.config_fields import check_positive_ints
+
 HF_CLASS_NAME = "GlmImageTransformer2DModel"
 
 # Fields of `transformer/config.json`, in the reference constructor's order.
@@ -53,10 +55,7 @@ class DiTConfig:
   remat: bool = False
 
   def __post_init__(self):
-    for name in HF_FIELDS:
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"DiTConfig.{name}={value!r} must be a positive int")
+    check_positive_ints(self, HF_FIELDS)
     # 2D RoPE splits each head into a height and a width half, each rotated in pairs.
     if self.attention_head_dim % 4:
       raise ValueError(f"DiTConfig.attention_head_dim={self.attention_head_dim} must be divisible by 4")

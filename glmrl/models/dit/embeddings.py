@@ -13,13 +13,13 @@ from glmrl.models.dit.layers import linear
 from glmrl.sharding import EMBED
 
 
-def sinusoidal_embedding(x_N: jax.Array, dim: int, max_period: float = 10000.0) -> jax.Array:
+def sinusoidal_embedding(x_B: jax.Array, dim: int, max_period: float = 10000.0) -> jax.Array:
   """[N] -> [N, dim] float32 features ordered (cos, sin), frequencies exp(-log(P) i / (dim/2))."""
   half = dim // 2
   # Same operation order as the reference so float32 frequencies agree to the ulp.
   exponent = (-math.log(max_period) * jnp.arange(half, dtype=jnp.float32)) / half
-  args_NxF = x_N.astype(jnp.float32)[:, None] * jnp.exp(exponent)[None, :]
-  emb = jnp.concatenate([jnp.cos(args_NxF), jnp.sin(args_NxF)], axis=-1)
+  args_BxF = x_B.astype(jnp.float32)[:, None] * jnp.exp(exponent)[None, :]
+  emb = jnp.concatenate([jnp.cos(args_BxF), jnp.sin(args_BxF)], axis=-1)
   if dim % 2:
     emb = jnp.pad(emb, ((0, 0), (0, 1)))
   return emb
@@ -48,18 +48,18 @@ class TimeConditionEmbed(nnx.Module):
     return jax.nn.silu(t_emb + c_emb)
 
 
-def patchify(latents_BxCxHxW: jax.Array, p: int) -> jax.Array:
+def patchify(latents_BxCxhxw: jax.Array, p: int) -> jax.Array:
   """NCHW -> [B, (H/p)(W/p), C p p] tokens, row-major over patches, (C, ph, pw) within one."""
-  b, c, h, w = latents_BxCxHxW.shape
-  x = latents_BxCxHxW.reshape(b, c, h // p, p, w // p, p)
+  b, c, h, w = latents_BxCxhxw.shape
+  x = latents_BxCxhxw.reshape(b, c, h // p, p, w // p, p)
   x = jnp.transpose(x, (0, 2, 4, 1, 3, 5))
   return x.reshape(b, (h // p) * (w // p), c * p * p)
 
 
-def unpatchify(tokens_BxNxK: jax.Array, hp: int, wp: int, p: int) -> jax.Array:
+def unpatchify(tokens_BxXxF: jax.Array, hp: int, wp: int, p: int) -> jax.Array:
   """Inverse of `patchify`: [B, hp wp, C p p] -> NCHW [B, C, hp p, wp p]."""
-  b = tokens_BxNxK.shape[0]
-  x = tokens_BxNxK.reshape(b, hp, wp, -1, p, p)
+  b = tokens_BxXxF.shape[0]
+  x = tokens_BxXxF.reshape(b, hp, wp, -1, p, p)
   x = jnp.transpose(x, (0, 3, 1, 4, 2, 5))
   return x.reshape(b, x.shape[1], hp * p, wp * p)
 

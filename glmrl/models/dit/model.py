@@ -67,14 +67,14 @@ class GlmImageDiT(nnx.Module):
     p = cfg.patch_size
 
     latents = jnp.asarray(latents).astype(cfg.dtype)
-    img_BxNxE = self.image_proj(patchify(latents, p))
+    img_BxXxE = self.image_proj(patchify(latents, p))
     glyph = jnp.broadcast_to(jnp.asarray(glyph_embeds), (b, t, cfg.text_embed_dim)).astype(cfg.dtype)
     txt_BxTxE = self.glyph_proj(glyph)
 
     ids = jnp.broadcast_to(jnp.asarray(prior_token_ids), (b, hp * wp))
     drop = jnp.broadcast_to(jnp.asarray(prior_token_drop, bool), (b, hp * wp))
-    prior_BxNxE = jnp.where(drop[..., None], jnp.zeros((), cfg.dtype), self.prior_embed(ids))
-    img_BxNxE = img_BxNxE + self.prior_proj(prior_BxNxE)
+    prior_BxXxE = jnp.where(drop[..., None], jnp.zeros((), cfg.dtype), self.prior_embed(ids))
+    img_BxXxE = img_BxXxE + self.prior_proj(prior_BxXxE)
 
     timestep_B = jnp.broadcast_to(jnp.asarray(timestep, jnp.float32), (b,))
     target_Bx2 = jnp.broadcast_to(jnp.asarray(target_size, jnp.float32).reshape(-1, 2), (b, 2))
@@ -94,17 +94,17 @@ class GlmImageDiT(nnx.Module):
     new_k, new_v = [], []
     for i, block in enumerate(self.blocks):
       cached_kv = kvc.layer_slots_for_batch(kv_cache, i, b) if cache_mode == "read" else None
-      img_BxNxE, txt_BxTxE, (k, v) = block_fn(block, img_BxNxE, txt_BxTxE, temb_BxC, cos_SxD, sin_SxD,
+      img_BxXxE, txt_BxTxE, (k, v) = block_fn(block, img_BxXxE, txt_BxTxE, temb_BxC, cos_SxD, sin_SxD,
                                               key_valid_BxK, cached_kv)
       if cache_mode == "write":
         new_k.append(k)
         new_v.append(v)
 
     # Final AdaLN: the projection takes temb as is (already silu'd); scale comes first.
-    scale_shift = self.norm_out(temb_BxC.astype(img_BxNxE.dtype))
+    scale_shift = self.norm_out(temb_BxC.astype(img_BxXxE.dtype))
     scale_BxE, shift_BxE = jnp.split(scale_shift, 2, axis=-1)
-    img_BxNxE = layer_norm(img_BxNxE) * (1 + scale_BxE[:, None]) + shift_BxE[:, None]
-    pred = unpatchify(self.proj_out(img_BxNxE), hp, wp, p)
+    img_BxXxE = layer_norm(img_BxXxE) * (1 + scale_BxE[:, None]) + shift_BxE[:, None]
+    pred = unpatchify(self.proj_out(img_BxXxE), hp, wp, p)
 
     if cache_mode is None:
       return pred

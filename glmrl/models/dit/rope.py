@@ -15,22 +15,22 @@ def rope_tables(height: int, width: int, head_dim: int, theta: float = 10000.0) 
   quarter = head_dim // 4
   half = head_dim // 2
   inv_freq = 1.0 / (theta ** (jnp.arange(0, half, 2, dtype=jnp.float32)[:quarter] / half))
-  rows_HxQ = jnp.arange(height, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-  cols_WxQ = jnp.arange(width, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-  freqs_HxWxHalf = jnp.concatenate([
-      jnp.broadcast_to(rows_HxQ[:, None, :], (height, width, quarter)),
-      jnp.broadcast_to(cols_WxQ[None, :, :], (height, width, quarter)),
+  rows_hxF = jnp.arange(height, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+  cols_wxF = jnp.arange(width, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+  freqs_hxwxHalf = jnp.concatenate([
+      jnp.broadcast_to(rows_hxF[:, None, :], (height, width, quarter)),
+      jnp.broadcast_to(cols_wxF[None, :, :], (height, width, quarter)),
   ], axis=-1)
-  freqs_NxD = jnp.concatenate([freqs_HxWxHalf, freqs_HxWxHalf], axis=-1).reshape(height * width, head_dim)
-  return jnp.cos(freqs_NxD), jnp.sin(freqs_NxD)
+  freqs_XxD = jnp.concatenate([freqs_hxwxHalf, freqs_hxwxHalf], axis=-1).reshape(height * width, head_dim)
+  return jnp.cos(freqs_XxD), jnp.sin(freqs_XxD)
 
 
-def with_unrotated_prefix(cos_NxD: jax.Array, sin_NxD: jax.Array, prefix: int) -> tuple[jax.Array, jax.Array]:
+def with_unrotated_prefix(cos_XxD: jax.Array, sin_XxD: jax.Array, prefix: int) -> tuple[jax.Array, jax.Array]:
   """Prepends `prefix` identity rotations (cos 1, sin 0): text tokens carry no position."""
-  d = cos_NxD.shape[-1]
-  ones = jnp.ones((prefix, d), cos_NxD.dtype)
-  zeros = jnp.zeros((prefix, d), sin_NxD.dtype)
-  return jnp.concatenate([ones, cos_NxD], axis=0), jnp.concatenate([zeros, sin_NxD], axis=0)
+  d = cos_XxD.shape[-1]
+  ones = jnp.ones((prefix, d), cos_XxD.dtype)
+  zeros = jnp.zeros((prefix, d), sin_XxD.dtype)
+  return jnp.concatenate([ones, cos_XxD], axis=0), jnp.concatenate([zeros, sin_XxD], axis=0)
 
 
 def apply_rope(x_BxSxHxD: jax.Array, cos_SxD: jax.Array, sin_SxD: jax.Array) -> jax.Array:

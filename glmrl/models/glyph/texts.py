@@ -133,15 +133,15 @@ def tokenize_glyph_texts(
                      np.asarray(counts, np.int32))
 
 
-def pack_glyph_embeds(hidden_TxLxD, gather_index_BxS, gather_mask_BxS):
+def pack_glyph_embeds(hidden_YxLxD, gather_index_BxS, gather_mask_BxS):
   """Encoder output [T, L, D] -> glyph embeddings [B, S, D], zeros on the left padding (jit-able)."""
-  t, l, d = hidden_TxLxD.shape
-  flat_NxD = hidden_TxLxD.reshape(t * l, d)
-  out_BxSxD = jnp.take(flat_NxD, jnp.asarray(gather_index_BxS), axis=0)
+  t, l, d = hidden_YxLxD.shape
+  flat_YLxD = hidden_YxLxD.reshape(t * l, d)
+  out_BxSxD = jnp.take(flat_YLxD, jnp.asarray(gather_index_BxS), axis=0)
   return jnp.where(jnp.asarray(gather_mask_BxS)[..., None], out_BxSxD, jnp.zeros((), out_BxSxD.dtype))
 
 
 def encode_glyph_embeds(encoder, tokens: GlyphTokens):
   """Run the T5 encoder on `tokens` and pack its output: [B, S, d_model]."""
-  hidden_TxLxD = encoder(jnp.asarray(tokens.input_ids), jnp.asarray(tokens.attention_mask))
-  return pack_glyph_embeds(hidden_TxLxD, tokens.gather_index, tokens.gather_mask)
+  hidden_YxLxD = encoder(jnp.asarray(tokens.input_ids), jnp.asarray(tokens.attention_mask))
+  return pack_glyph_embeds(hidden_YxLxD, tokens.gather_index, tokens.gather_mask)

@@ -42,10 +42,10 @@ class ResnetBlock(nnx.Module):
     self.conv2 = conv(cfg, cout, cout, 3, rngs=rngs)
     self.conv_shortcut = conv(cfg, cin, cout, 1, rngs=rngs) if cin != cout else None
 
-  def __call__(self, x_BxHxWxC):
-    h = self.conv1(jax.nn.silu(self.norm1(x_BxHxWxC)))
+  def __call__(self, x_BxhxwxC):
+    h = self.conv1(jax.nn.silu(self.norm1(x_BxhxwxC)))
     h = self.conv2(jax.nn.silu(self.norm2(h)))
-    skip = x_BxHxWxC if self.conv_shortcut is None else self.conv_shortcut(x_BxHxWxC)
+    skip = x_BxhxwxC if self.conv_shortcut is None else self.conv_shortcut(x_BxhxwxC)
     return skip + h
 
 
@@ -55,8 +55,8 @@ class Downsample(nnx.Module):
   def __init__(self, cfg: VAEConfig, channels: int, *, rngs: nnx.Rngs):
     self.conv = conv(cfg, channels, channels, 3, stride=2, padding=((0, 1), (0, 1)), rngs=rngs)
 
-  def __call__(self, x_BxHxWxC):
-    return self.conv(x_BxHxWxC)
+  def __call__(self, x_BxhxwxC):
+    return self.conv(x_BxhxwxC)
 
 
 class Upsample(nnx.Module):
@@ -65,8 +65,8 @@ class Upsample(nnx.Module):
   def __init__(self, cfg: VAEConfig, channels: int, *, rngs: nnx.Rngs):
     self.conv = conv(cfg, channels, channels, 3, rngs=rngs)
 
-  def __call__(self, x_BxHxWxC):
-    x = jnp.repeat(jnp.repeat(x_BxHxWxC, 2, axis=1), 2, axis=2)
+  def __call__(self, x_BxhxwxC):
+    x = jnp.repeat(jnp.repeat(x_BxhxwxC, 2, axis=1), 2, axis=2)
     return self.conv(x)
 
 
@@ -84,16 +84,16 @@ class SpatialAttention(nnx.Module):
 
     self.to_q, self.to_k, self.to_v, self.to_out = linear(), linear(), linear(), linear()
 
-  def __call__(self, x_BxHxWxC):
-    b, h, w, c = x_BxHxWxC.shape
-    t_BxTxC = self.group_norm(x_BxHxWxC).reshape(b, h * w, c)
-    q_BxTxC, k_BxTxC, v_BxTxC = self.to_q(t_BxTxC), self.to_k(t_BxTxC), self.to_v(t_BxTxC)
-    logits_BxTxS = jnp.einsum("btc,bsc->bts", q_BxTxC, k_BxTxC,
+  def __call__(self, x_BxhxwxC):
+    b, h, w, c = x_BxhxwxC.shape
+    t_BxTxC = self.group_norm(x_BxhxwxC).reshape(b, h * w, c)
+    q_BxLxC, k_BxTxC, v_BxTxC = self.to_q(t_BxTxC), self.to_k(t_BxTxC), self.to_v(t_BxTxC)
+    logits_BxLxT = jnp.einsum("btc,bsc->bts", q_BxLxC, k_BxTxC,
                               preferred_element_type=jnp.float32) * (c ** -0.5)
     # Softmax in float32 (the reference upcasts the softmax of this block).
-    probs_BxTxS = jax.nn.softmax(logits_BxTxS, axis=-1).astype(v_BxTxC.dtype)
-    o_BxTxC = jnp.einsum("bts,bsc->btc", probs_BxTxS, v_BxTxC)
-    return x_BxHxWxC + self.to_out(o_BxTxC).reshape(b, h, w, c)
+    probs_BxLxT = jax.nn.softmax(logits_BxLxT, axis=-1).astype(v_BxTxC.dtype)
+    o_BxLxC = jnp.einsum("bts,bsc->btc", probs_BxLxT, v_BxTxC)
+    return x_BxhxwxC + self.to_out(o_BxLxC).reshape(b, h, w, c)
 
 
 class MidBlock(nnx.Module):
@@ -103,8 +103,8 @@ class MidBlock(nnx.Module):
     self.resnets = nnx.List([ResnetBlock(cfg, channels, channels, rngs=rngs) for _ in range(2)])
     self.attention = SpatialAttention(cfg, channels, rngs=rngs) if cfg.mid_block_add_attention else None
 
-  def __call__(self, x_BxHxWxC):
-    x = self.resnets[0](x_BxHxWxC)
+  def __call__(self, x_BxhxwxC):
+    x = self.resnets[0](x_BxhxwxC)
     if self.attention is not None:
       x = self.attention(x)
     return self.resnets[1](x)
@@ -116,10 +116,10 @@ class DownBlock(nnx.Module):
                              for j in range(cfg.layers_per_block)])
     self.downsample = Downsample(cfg, cout, rngs=rngs) if downsample else None
 
-  def __call__(self, x_BxHxWxC):
+  def __call__(self, x_BxhxwxC):
     for resnet in self.resnets:
-      x_BxHxWxC = resnet(x_BxHxWxC)
-    return x_BxHxWxC if self.downsample is None else self.downsample(x_BxHxWxC)
+      x_BxhxwxC = resnet(x_BxhxwxC)
+    return x_BxhxwxC if self.downsample is None else self.downsample(x_BxhxwxC)
 
 
 class UpBlock(nnx.Module):
@@ -129,7 +129,7 @@ class UpBlock(nnx.Module):
                              for j in range(cfg.layers_per_block + 1)])
     self.upsample = Upsample(cfg, cout, rngs=rngs) if upsample else None
 
-  def __call__(self, x_BxHxWxC):
+  def __call__(self, x_BxhxwxC):
     for resnet in self.resnets:
-      x_BxHxWxC = resnet(x_BxHxWxC)
-    return x_BxHxWxC if self.upsample is None else self.upsample(x_BxHxWxC)
+      x_BxhxwxC = resnet(x_BxhxwxC)
+    return x_BxhxwxC if self.upsample is None else self.upsample(x_BxhxwxC)

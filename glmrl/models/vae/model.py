@@ -51,8 +51,8 @@ class Encoder(nnx.Module):
     # Mean and log-variance, concatenated on the channel axis.
     self.conv_out = conv(cfg, chans[-1], 2 * cfg.latent_channels, 3, rngs=rngs)
 
-  def __call__(self, x_BxHxWxC):
-    x = self.conv_in(x_BxHxWxC)
+  def __call__(self, x_BxhxwxC):
+    x = self.conv_in(x_BxhxwxC)
     for block in self.down_blocks:
       x = block(x)
     x = self.mid_block(x)
@@ -70,8 +70,8 @@ class Decoder(nnx.Module):
     self.conv_norm_out = group_norm(cfg, chans[-1], rngs=rngs)
     self.conv_out = conv(cfg, chans[-1], cfg.out_channels, 3, rngs=rngs)
 
-  def __call__(self, z_BxhxwxL):
-    x = self.mid_block(self.conv_in(z_BxhxwxL))
+  def __call__(self, z_BxhxwxC):
+    x = self.mid_block(self.conv_in(z_BxhxwxC))
     for block in self.up_blocks:
       x = block(x)
     return self.conv_out(jax.nn.silu(self.conv_norm_out(x)))
@@ -93,31 +93,31 @@ class AutoencoderKL(nnx.Module):
     self.quant_conv = conv(cfg, 2 * lat, 2 * lat, 1, rngs=rngs) if cfg.use_quant_conv else None
     self.post_quant_conv = conv(cfg, lat, lat, 1, rngs=rngs) if cfg.use_post_quant_conv else None
 
-  def encode(self, images_BxHxWxC) -> LatentDist:
-    _check(images_BxHxWxC, "images", self.cfg.in_channels)
-    moments = self.encoder(images_BxHxWxC)
+  def encode(self, images_BxhxwxC) -> LatentDist:
+    _check(images_BxhxwxC, "images", self.cfg.in_channels)
+    moments = self.encoder(images_BxhxwxC)
     if self.quant_conv is not None:
       moments = self.quant_conv(moments)
     mean, logvar = jnp.split(moments, 2, axis=-1)
     return LatentDist(mean, jnp.clip(logvar, -30.0, 20.0))
 
-  def decode(self, latents_BxhxwxL):
-    _check(latents_BxhxwxL, "latents", self.cfg.latent_channels)
-    z = latents_BxhxwxL
+  def decode(self, latents_BxhxwxC):
+    _check(latents_BxhxwxC, "latents", self.cfg.latent_channels)
+    z = latents_BxhxwxC
     if self.post_quant_conv is not None:
       z = self.post_quant_conv(z)
     return self.decoder(z)
 
-  def encode_normalized(self, images_BxHxWxC, *, key=None):
+  def encode_normalized(self, images_BxhxwxC, *, key=None):
     """Posterior mode (or a sample when `key` is given), normalised as the pipeline does for
     condition images."""
-    dist = self.encode(images_BxHxWxC)
+    dist = self.encode(images_BxhxwxC)
     z = dist.mode() if key is None else dist.sample(key)
     return normalize_latents(z, self.cfg)
 
-  def decode_normalized(self, latents_BxhxwxL):
+  def decode_normalized(self, latents_BxhxwxC):
     """Undo the normalisation of DiT latents, then decode (the pipeline's final step)."""
-    return self.decode(denormalize_latents(latents_BxhxwxL, self.cfg))
+    return self.decode(denormalize_latents(latents_BxhxwxC, self.cfg))
 
 
 def _stats(z, cfg: VAEConfig, channel_axis: int):

@@ -18,8 +18,8 @@ from flax import nnx
 from checkpoints_convert import flax_to_hf, hf_to_flax
 from checkpoints_convert.maps.clip import RULES
 from checkpoints_convert.rules import KeyMap, flax_path_str
-from glmrl.models.clip import convert as convert_lib
-from glmrl.models.clip.checkpoint import load_image_processing, load_model
+from checkpoints_convert import clip as convert_lib
+from glmrl.models.clip.checkpoint import load_clip, load_image_processing
 from glmrl.models.clip.preprocess import ImageProcessing
 from tests.models.clip import tiny
 
@@ -43,12 +43,12 @@ def assert_same_params(model, state_dict):
 def test_convert_and_load(layout, ref, tmp_path):
   hf = tiny.write_hf_folder(tmp_path / "hf", ref, layout=layout)
   logs = []
-  result = convert_lib.convert(str(hf), str(tmp_path / "out"), log=logs.append)
+  result = convert_lib.convert_clip(str(hf), str(tmp_path / "out"), log=logs.append)
   assert result["tensors"] == len(ref.state_dict())
   assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "params", "preprocessor_config.json",
                                                   "tokenizer.json", "tokenizer_config.json"]
   assert (layout == "clean") == (not any("legacy buffers" in line or "pytorch_model.bin" in line for line in logs))
-  model = load_model(str(tmp_path / "out"))
+  model = load_clip(str(tmp_path / "out"))
   assert_same_params(model, ref.state_dict())
   assert load_image_processing(str(tmp_path / "out")) == ImageProcessing.tiny(32)
 
@@ -56,7 +56,7 @@ def test_convert_and_load(layout, ref, tmp_path):
 def test_generic_converter_and_export_round_trip(ref, tmp_path):
   """A clean folder named clip/ also goes through `python -m checkpoints_convert` and back bit-exact."""
   tiny.write_hf_folder(tmp_path / "hf" / "clip", ref)
-  result = hf_to_flax.convert(str(tmp_path / "hf"), str(tmp_path / "flax"), log=lambda s: None)
+  result = hf_to_flax.convert_pipeline(str(tmp_path / "hf"), str(tmp_path / "flax"), log=lambda s: None)
   assert list(result["converted"]) == ["clip"]
   flax_to_hf.export(str(tmp_path / "flax"), str(tmp_path / "back"), log=lambda s: None)
   back = safetensors.torch.load_file(str(tmp_path / "back" / "clip" / "model.safetensors"))
@@ -72,16 +72,16 @@ def test_errors(ref, tmp_path):
   safetensors.torch.save_file(sd, str(hf / "model.safetensors"))
   with pytest.raises(ValueError, match=r"(?s)missing \(1\): visual_projection.weight.*unexpected \(1\): "
                                        r"text_model.extra.weight"):
-    convert_lib.convert(str(hf), str(tmp_path / "out"), log=lambda s: None)
+    convert_lib.convert_clip(str(hf), str(tmp_path / "out"), log=lambda s: None)
   os.remove(hf / "model.safetensors")
   with pytest.raises(FileNotFoundError, match="neither model.safetensors"):
-    convert_lib.convert(str(hf), str(tmp_path / "out"), log=lambda s: None)
+    convert_lib.convert_clip(str(hf), str(tmp_path / "out"), log=lambda s: None)
   (tmp_path / "out" / "params").mkdir(parents=True)
   with pytest.raises(ValueError, match="already exists"):
-    convert_lib.convert(str(hf), str(tmp_path / "out"), log=lambda s: None)
+    convert_lib.convert_clip(str(hf), str(tmp_path / "out"), log=lambda s: None)
   (hf / "config.json").write_text('{"model_type": "siglip"}')
   assert convert_lib.main(["--hf_dir", str(hf), "--out_dir", str(tmp_path / "o2")]) == 1
   with pytest.raises(ValueError, match="is not a directory"):
-    convert_lib.convert(str(tmp_path / "nope"), str(tmp_path / "o3"))
+    convert_lib.convert_clip(str(tmp_path / "nope"), str(tmp_path / "o3"))
   with pytest.raises(FileNotFoundError, match="no .*config.json"):
-    load_model(str(tmp_path / "nope"))
+    load_clip(str(tmp_path / "nope"))

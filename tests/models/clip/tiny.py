@@ -96,12 +96,12 @@ atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 @functools.lru_cache(maxsize=None)
 def converted(variant: str = "legacy", seed: int = 0):
   """(converted folder, reference torch model) of a tiny CLIP, converted once per session."""
-  from glmrl.models.clip.convert import convert
+  from checkpoints_convert.clip import convert_clip
 
   model = reference_model(config(variant), seed)
   hf = write_hf_folder(_ROOT / f"{variant}-{seed}" / "hf", model)
   out = _ROOT / f"{variant}-{seed}" / "flax"
-  convert(str(hf), str(out), log=lambda s: None)
+  convert_clip(str(hf), str(out), log=lambda s: None)
   return out, model
 
 

@@ -1,6 +1,6 @@
 """Hugging Face `CLIPModel` folder -> converted CLIP folder, through `checkpoints_convert`.
 
-    python -m glmrl.models.clip.convert --hf_dir clip-vit-large-patch14 --out_dir clip-l
+    python -m checkpoints_convert.clip --hf_dir clip-vit-large-patch14 --out_dir clip-l
 
 A clean `model.safetensors` (or sharded index) is converted directly by the `clip` component of
 `checkpoints_convert` (streaming, every key and parameter checked). Two released layouts need one
@@ -20,13 +20,14 @@ import sys
 import tempfile
 from typing import Callable
 
-import glmrl  # noqa: F401
-
 import numpy as np
 
-from checkpoints_convert import components, hf_to_flax
+from checkpoints_convert import cli, components, hf_to_flax
 from checkpoints_convert import safetensors_stream as st
-from glmrl.models.clip.checkpoint import COMPONENT
+from glmrl.checkpoint.params import PARAMS_DIR
+
+# The name CLIP is registered under in `checkpoints_convert.components`.
+COMPONENT = "clip"
 
 LEGACY_BUFFERS = ("text_model.embeddings.position_ids", "vision_model.embeddings.position_ids")
 TORCH_WEIGHTS = "pytorch_model.bin"
@@ -63,13 +64,13 @@ def _safetensors_source(reader: st.SafetensorsReader):
   return specs, reader.read
 
 
-def convert(hf_dir: str, out_dir: str, log: Callable[[str], None] = print) -> dict:
+def convert_clip(hf_dir: str, out_dir: str, log: Callable[[str], None] = print) -> dict:
   """Converts one HF CLIP folder into `out_dir`/{params/, config.json, tokenizer files, ...}."""
   if not os.path.isdir(hf_dir):
     raise ValueError(f"--hf_dir {hf_dir!r} is not a directory")
   component = components.get(COMPONENT)
   component.config_from_hf(component.read_config(hf_dir))  # a bad config fails before anything is read
-  params_dir = os.path.join(out_dir, components.PARAMS_DIR)
+  params_dir = os.path.join(out_dir, PARAMS_DIR)
   if os.path.exists(params_dir):
     raise ValueError(f"{params_dir} already exists; remove it or choose another out_dir")
   try:
@@ -100,16 +101,11 @@ def convert(hf_dir: str, out_dir: str, log: Callable[[str], None] = print) -> di
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m glmrl.models.clip.convert", description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(prog="python -m checkpoints_convert.clip", description=__doc__.splitlines()[0])
   p.add_argument("--hf_dir", required=True, help="HF CLIPModel folder (config.json + weights + tokenizer)")
   p.add_argument("--out_dir", required=True, help="where config.json, params/ and the tokenizer are written")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    convert(args.hf_dir, args.out_dir)
-  except (ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  return 0
+  return cli.run(lambda: convert_clip(args.hf_dir, args.out_dir))
 
 
 if __name__ == "__main__":

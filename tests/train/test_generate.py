@@ -11,8 +11,9 @@ from PIL import Image
 
 from configs import demo
 from glmrl.checkpoint import TrainCheckpointer
+from glmrl.checkpoint import manager as checkpoint_manager
 from glmrl.models.ar.model import GlmImageAR
-from glmrl.sampling import generate as generate_lib
+from glmrl.train import generate as generate_lib
 from glmrl.train import setup as setup_lib
 
 PROMPTS = ("a red apple", "a lighthouse at dusk", "a sign that says \"OPEN\"")
@@ -86,6 +87,6 @@ def test_uses_the_checkpoint_parameters(generated):
 
 
 def test_no_checkpoint_means_initial_model(tmp_path):
-  assert generate_lib.restore_ar_params(str(tmp_path), None) == (None, None)
+  assert checkpoint_manager.restore_trained_params(str(tmp_path), None) == (None, None)
   (tmp_path / "checkpoints").mkdir()
-  assert generate_lib.restore_ar_params(str(tmp_path), None) == (None, None)
+  assert checkpoint_manager.restore_trained_params(str(tmp_path), None) == (None, None)

@@ -3,8 +3,7 @@
 Models, processors and prompts are built as for training (`glmrl.train.setup.build`); the AR
 parameters come from the newest step in `<workdir>/checkpoints` when there is one. Every prompt
 of `config.eval.prompts_file` (else `config.data.prompts_file`) gets `config.grpo.group_size`
-samples, drawn with the fixed `config.eval.seed` in batches of `config.data.prompts_per_step`
-prompts (the same keys as `--mode=eval`). Written to `<workdir>/generate/`:
+samples, drawn as `--mode=eval` draws them (`glmrl.train.sample.sample_batches`). Written to `<workdir>/generate/`:
 
 - `<prompt index>_<sample>.png`, one per sample (prompt index: line order in the prompt file);
 - `grid.png`: one row per prompt, each tile captioned with its prompt;
@@ -17,63 +16,26 @@ from __future__ import annotations
 
 import os
 
-import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import logging
 from flax import nnx
 from PIL import Image
 
-from glmrl.checkpoint import manager as checkpoint_manager
-from glmrl.data import PromptIterator
+from glmrl.checkpoint.manager import restore_trained_params
 from glmrl.logging import make_grid
 from glmrl.train import setup as setup_lib
+from glmrl.train.sample import sample_batches
 
 
-def restore_ar_params(workdir: str, like_state):
-  """(AR params state, step) of the newest training checkpoint in `<workdir>/checkpoints` that restores,
-  or (None, None) without checkpoints.
+def sample_records(run, records, ar_params) -> dict:
+  """group_size samples of every record (`glmrl.train.sample.sample_batches`), fetched to numpy.
 
-  Only the `params` item is read, onto the shardings and dtypes of `like_state` (the full AR state). An
-  unreadable step is reported and the next older one tried; nothing is moved or changed (sampling is
-  read-only: the training run sets unreadable steps aside). CheckpointError when none restores.
-  """
-  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-  if not os.path.isdir(directory):
-    return None, None
-  manager = ocp.CheckpointManager(directory, item_names=("params",),
-                                  options=ocp.CheckpointManagerOptions(read_only=True, create=False))
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like_state)
-  try:
-    step, restored, _ = checkpoint_manager.restore_newest(
-        directory, manager.all_steps(),
-        lambda s: manager.restore(s, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract))))
-  finally:
-    manager.close()
-  return (None, None) if step is None else (restored.params, step)
-
-
-def sample_records(run, records, ar_params=None) -> dict:
-  """group_size samples of every record, in fixed-size batches with the eval seed's keys.
-
-  Returns numpy `images` [N, H, W, 3] uint8, `target` [N, h, w], `tokens` and `logprobs` [N, T],
+  Returns `images` [N, H, W, 3] uint8, `target` [N, h, w], `tokens` and `logprobs` [N, T],
   `prompt_index` and `sample_index` [N] (N = len(records) x group_size, rows of a prompt consecutive).
   """
-  cfg, g = run.config, run.group_size
-  per_batch = cfg.data.prompts_per_step
-  loader = PromptIterator(records, prompts_per_step=per_batch, seed=cfg.eval.seed, height=cfg.data.height,
-                          width=cfg.data.width)
-  params = (run.trainable, run.frozen) if ar_params is None else (ar_params,)
+  g = run.group_size
   parts = {"images": [], "target": [], "tokens": [], "logprobs": []}
-  for start in range(0, len(records), per_batch):
-    indices = list(range(start, min(start + per_batch, len(records))))
-    real = len(indices)
-    # A short last batch is filled with the first prompts: every batch has the compiled shape.
-    indices += [i % len(records) for i in range(per_batch - real)]
-    batch = loader.make_batch(indices)
-    source = batch.source_images if cfg.data.mode == "i2i" else None
-    key = jax.random.fold_in(jax.random.key(cfg.eval.seed), start)
-    out = run.pipeline(batch.prompts, key, samples_per_prompt=g, source_images=source, ar_params=params)
+  for _, out, real in sample_batches(run, records, ar_params):
     keep = slice(0, real * g)
     parts["images"].append(np.asarray(out.images)[keep])
     parts["target"].append(np.asarray(out.sample.target)[keep])
@@ -109,12 +71,14 @@ def generate(config, workdir: str) -> dict:
   and the restored checkpoint step (None when there was no checkpoint)."""
   run = setup_lib.build(config)
   records = run.eval_records or run.records
-  ar_params, step = restore_ar_params(workdir, nnx.merge_state(run.trainable, run.frozen))
+  initial = nnx.merge_state(run.trainable, run.frozen)
+  ar_params, step = restore_trained_params(workdir, initial)
   if step is None:
     logging.info("no checkpoint in %s: generating with the initial AR model", os.path.join(workdir, "checkpoints"))
+    ar_params = initial
   else:
     logging.info("generating with the AR parameters of step %d", step)
-  samples = sample_records(run, records, ar_params)
+  samples = sample_records(run, records, (ar_params,))
   paths = write_outputs(os.path.join(workdir, "generate"), samples, [r.prompt for r in records], run.group_size,
                         step)
   logging.info("wrote %d images, %s and %s", len(paths["pngs"]), paths["grid"], paths["tokens"])
