@@ -1,11 +1,14 @@
 """glmrl: GRPO post-training of GLM-Image.
 
-python main.py --config=configs/<name>.py[:arg] --config.section.key=value --workdir=DIR --mode=train|generate|eval
+python main.py --config=configs/<name>.py[:arg] --config.section.key=value --workdir=DIR
+  --mode=train|generate|eval|compile
 
 Every config key is listed and commented in configs/common.py. Modes write into --workdir:
   train     checkpoints/<step>/, metrics.jsonl, TensorBoard events, samples/ (resumes from the latest step)
   generate  generate/: one PNG per sample, grid.png, tokens.npz (latest checkpoint, else the initial model)
   eval      eval/ rewards in metrics.jsonl and samples/ for config.eval.prompts_file (latest checkpoint)
+  compile   compile_report.json/.md: every program of a step compiled for config.compile.topology (e.g.
+            v5p-64) from this host, per-chip bytes and whether it fits (needs requirements-compile.txt)
 Bad input ends with one line naming the value and exit status 2; a run stopped by SIGTERM or Ctrl-C
 saves a checkpoint first and exits 143 or 130.
 """
@@ -35,6 +38,7 @@ _MODES = {
     "train": "glmrl.train.loop:train",
     "generate": "glmrl.train.generate:generate",
     "eval": "glmrl.train.evaluate:evaluate",
+    "compile": "glmrl.aot.mode:compile",
 }
 
 

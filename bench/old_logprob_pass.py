@@ -58,7 +58,7 @@ def main(argv=None):
       [lambda: loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(1), trainer.params)],
       max(args.reps // 3, 1))[0]
 
-  spec = loop.update_spec(run, *shape)
+  spec = loop.setup_lib.update_spec(run.config, *shape)
   # Not donating: every call starts from the same state (the cost of the arithmetic is the same).
   update = jax.jit(functools.partial(step_lib.update, run.ar_graphdef, spec=spec, tx=trainer.tx,
                                      schedule=trainer.schedule))

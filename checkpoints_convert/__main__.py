@@ -22,6 +22,9 @@ def parse_args(argv):
                  help="converted folder the other pipeline components are taken from when exporting a training "
                       "run (default: the run's config.model.checkpoint_dir, recorded in checkpoints/source.json); "
                       "'' writes the trained generator alone")
+  p.add_argument("--merge_lora", action="store_true",
+                 help="a LoRA run: write the base generator with the adapters merged in, instead of the base "
+                      "and a PEFT adapter (--to_hf)")
   p.add_argument("--max_shard_size", default=flax_to_hf.DEFAULT_MAX_SHARD_SIZE,
                  help="shard safetensors above this size, e.g. 5GB or 500MiB (--to_hf)")
   args = p.parse_args(argv)
@@ -31,6 +34,7 @@ def parse_args(argv):
       p.error("--to_hf takes --ckpt_dir and --hf_out_dir" + (f", not {' '.join(wrong)}" if wrong else ""))
   else:
     wrong = [f"--{n}" for n in ("ckpt_dir", "hf_out_dir", "step", "source_dir") if getattr(args, n) is not None]
+    wrong += ["--merge_lora"] if args.merge_lora else []
     if not args.hf_dir or not args.out_dir or wrong:
       p.error("conversion takes --hf_dir and --out_dir" + (f", not {' '.join(wrong)} (use --to_hf)" if wrong else ""))
   return args
@@ -40,7 +44,8 @@ def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
   if args.to_hf:
     return cli.run(lambda: flax_to_hf.export(args.ckpt_dir, args.hf_out_dir, step=args.step,
-                                             source_dir=args.source_dir, max_shard_size=args.max_shard_size))
+                                             source_dir=args.source_dir, max_shard_size=args.max_shard_size,
+                                             merge_lora=args.merge_lora))
   return cli.run(lambda: hf_to_flax.convert_pipeline(args.hf_dir, args.out_dir))
 
 

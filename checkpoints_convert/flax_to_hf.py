@@ -26,6 +26,7 @@ import orbax.checkpoint as ocp
 
 from checkpoints_convert import components as components_lib
 from checkpoints_convert import hf_to_flax
+from checkpoints_convert import peft as peft_lib
 from checkpoints_convert import safetensors_stream as st
 from glmrl.checkpoint import manager as train_ckpt
 from glmrl.checkpoint import params as params_lib
@@ -96,8 +97,9 @@ class OrbaxLeafReader:
 
 
 def export_component(component: components_lib.Component, params_dir: str, config: dict,
-                     out_dir: str, *, max_shard_size=DEFAULT_MAX_SHARD_SIZE, plan=None) -> dict:
-  """Writes `out_dir`/{config.json, weights} for one component."""
+                     out_dir: str, *, max_shard_size=DEFAULT_MAX_SHARD_SIZE, plan=None, adjust=None) -> dict:
+  """Writes `out_dir`/{config.json, weights} for one component; `adjust(flax path, array)`, when
+  given, changes each leaf as it is read (merging LoRA updates into the base kernels)."""
   limit = st.parse_size(max_shard_size)
   if plan is None:
     plan = plan_export(component, params_dir, config)
@@ -106,7 +108,8 @@ def export_component(component: components_lib.Component, params_dir: str, confi
 
   def read(hf_key):
     e = by_key[hf_key]
-    return e.transform.to_hf(reader.read(e.flax_path))
+    leaf = reader.read(e.flax_path)
+    return e.transform.to_hf(adjust(e.flax_path, leaf) if adjust else leaf)
 
   specs = [st.TensorSpec(e.hf_key, e.hf_shape, e.dtype) for e in plan]
   files = st.write_safetensors(out_dir, component.weights_name, specs, read, max_shard_size=limit)
@@ -248,14 +251,38 @@ def _match_dtype(config_path: str, plan: list[Exported], log):
     log(f"{config_path}: {', '.join(f'{k} {v} -> {dtype}' for k, v in changed.items())} (the trained tensors' dtype)")
 
 
+def _read_lora(run_dir: str) -> dict | None:
+  path = os.path.join(run_dir, train_ckpt.LORA_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
 def _export_training(params_dir: str, config_path: str, step: int, hf_out_dir: str, source_dir: str | None,
-                     max_shard_size, log) -> dict:
+                     max_shard_size, log, merge_lora: bool = False) -> dict:
   run_dir = os.path.dirname(config_path)
   with open(config_path) as f:
     run_config = json.load(f)
   component = components_lib.get(TRAINING_COMPONENT)
-  plan = plan_export(component, params_dir, run_config)
+  lora = _read_lora(run_dir)
+  if merge_lora and lora is None:
+    raise ValueError(f"--merge_lora: {run_dir} holds no LoRA adapters (no {train_ckpt.LORA_FILE}); its generator "
+                     "is exported whole without it")
   source, why_not = training_source(run_dir, source_dir)
+  adapters, adjust, generator_dir = None, None, params_dir
+  if lora is not None:
+    # The run's params are adapters; the generator's weights are its base's, from the source folder.
+    reader = OrbaxLeafReader(params_dir)
+    adapters = {p: reader.read(p) for p in reader.leaves}
+    pairs = peft_lib.adapter_pairs(adapters)
+    if merge_lora and source is None:
+      raise ValueError(f"--merge_lora needs the base the adapters were trained on: {why_not}")
+    generator_dir = os.path.join(source, component.name, PARAMS_DIR) if source else None
+    if merge_lora:
+      scale = float(lora["alpha"]) / int(lora["rank"])
+      adjust = lambda path, leaf: peft_lib.merge_kernel(leaf, *pairs[path], scale) if path in pairs else leaf
+  plan = plan_export(component, generator_dir, run_config) if generator_dir else None
   others, plans = [], {}
   if source is not None:
     source_ar = os.path.join(source, component.name)
@@ -263,32 +290,51 @@ def _export_training(params_dir: str, config_path: str, step: int, hf_out_dir: s
                           os.path.join(source_ar, component.config_name), run_config, config_path)
     others = [n for n in _converted_components(source) if n != component.name]
     plans = _plan_components(source, others)
+  adapter_dir = os.path.join(hf_out_dir, peft_lib.ADAPTERS_DIR, component.name)
   # Everything is validated before anything is written.
-  for n in (component.name, *others):
+  written = [component.name] if generator_dir else []
+  for n in (*written, *others):
     _fresh_dir(os.path.join(hf_out_dir, n))
+  if adapters is not None and not merge_lora:
+    _fresh_dir(adapter_dir)
   out = os.path.join(hf_out_dir, component.name)
-  if source is None:
-    shutil.copy2(config_path, os.path.join(out, component.config_name))
-  else:
-    # The source's files (its full config.json, generation_config.json with the sampling defaults).
-    hf_to_flax.copy_component_files(source_ar, out)
-    _match_dtype(os.path.join(out, component.config_name), plan, log)
-  exported = {component.name: export_component(component, params_dir, run_config, out,
-                                               max_shard_size=max_shard_size, plan=plan)}
-  log(f"exported {component.name} of step {step}: {exported[component.name]['tensors']} tensors -> "
-      f"{exported[component.name]['files']}")
+  exported = {}
+  if generator_dir:
+    if source is None:
+      shutil.copy2(config_path, os.path.join(out, component.config_name))
+    else:
+      # The source's files (its full config.json, generation_config.json with the sampling defaults).
+      hf_to_flax.copy_component_files(source_ar, out)
+      _match_dtype(os.path.join(out, component.config_name), plan, log)
+    exported[component.name] = export_component(component, generator_dir, run_config, out,
+                                                max_shard_size=max_shard_size, plan=plan, adjust=adjust)
+    what = {None: "trained", True: "base + merged adapters", False: "base"}[None if lora is None else merge_lora]
+    log(f"exported {component.name} ({what}) of step {step}: {exported[component.name]['tensors']} tensors -> "
+        f"{exported[component.name]['files']}")
+  if adapters is not None and not merge_lora:
+    written_adapter = peft_lib.write_peft_adapter(adapter_dir, adapters, lora, component.key_map(),
+                                                  base_model=os.path.join(source, component.name) if source else None)
+    exported[f"{peft_lib.ADAPTERS_DIR}/{component.name}"] = written_adapter
+    log(f"wrote the PEFT adapter of step {step} ({written_adapter['modules']} modules, rank {lora['rank']}) "
+        f"-> {adapter_dir}")
   copied = []
   if source is not None:
     exported.update(_export_components(source, others, hf_out_dir, max_shard_size, log, plans))
     copied = hf_to_flax.copy_pipeline_files(source, hf_out_dir, log)
+  written_alone = "the PEFT adapter alone" if lora is not None else f"only {component.name}"
   result = {"exported": exported, "skipped": [], "copied": copied, "step": step, "source": source,
-            "incomplete_reason": None if source is not None else f"only {component.name} was written: {why_not}"}
+            "incomplete_reason": None if source is not None else f"{written_alone} was written: {why_not}"}
   return _report(result, hf_out_dir, log)
 
 
 def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_dir: str | None = None,
-           max_shard_size=DEFAULT_MAX_SHARD_SIZE, log: Callable[[str], None] = print) -> dict:
+           max_shard_size=DEFAULT_MAX_SHARD_SIZE, merge_lora: bool = False,
+           log: Callable[[str], None] = print) -> dict:
   """Writes an HF GLM-Image folder from a converted or a training checkpoint.
+
+  A LoRA run writes the pipeline folder of its base (the source folder) and its adapter in PEFT's
+  format under `adapters/vision_language_encoder/`; with `merge_lora` the generator's weights are the
+  base's with the adapters merged in, and no adapter is written.
 
   Returns {"exported": {component: {"tensors", "files"}}, "skipped", "copied", "complete",
   "incomplete_reason"} plus, for a training checkpoint, "step" and "source" (the converted folder
@@ -299,7 +345,9 @@ def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_di
   st.parse_size(max_shard_size)
   training = find_training_checkpoint(ckpt_dir, step)
   if training is not None:
-    return _export_training(*training, hf_out_dir, source_dir, max_shard_size, log)
+    return _export_training(*training, hf_out_dir, source_dir, max_shard_size, log, merge_lora)
+  if merge_lora:
+    raise ValueError(f"--merge_lora is for a LoRA training run; {ckpt_dir} is not a training checkpoint")
   if step is not None:
     raise ValueError(f"--step given but {ckpt_dir} is not a training checkpoint "
                      f"(no {TRAINING_CONFIG} in it or in its checkpoints/)")

@@ -18,6 +18,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dit_attention = "xla"  # DiT attention kernel: "xla", or "cudnn" (flash attention, NVIDIA GPUs, bf16).
   c.model.remat = False  # Rematerialise each AR decoder layer in the backward pass (saves activation memory).
 
+  # Low-rank adapters on the AR generator: only the adapters (and their optimizer state) train, the base stays
+  # frozen (KL reference = adapters off). Update scale alpha / rank (PEFT's convention; flax's nnx.LoRA has none).
+  c.lora = ml_collections.ConfigDict()
+  c.lora.rank = 0  # Adapter rank; 0 = full fine-tuning of the decoder.
+  c.lora.alpha = 0.0  # Update scale numerator (scale = alpha / rank); must be > 0 with rank > 0.
+  c.lora.targets = "ar"  # Adapted linear layers: preset "ar" (decoder q/k/v/o, gate_up, down) or a regex over paths.
+
   c.data = ml_collections.ConfigDict()
   c.data.prompts_file = config_dict.placeholder(str)  # .txt (one prompt per line) or .jsonl; required.
   c.data.mode = "t2i"  # "t2i" (text-to-image) or "i2i" (image-to-image: records carry source_images).
@@ -89,6 +96,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.log = ml_collections.ConfigDict()
   c.log.image_interval = 50  # Write sample grids every this many steps.
+
+  c.compile = ml_collections.ConfigDict()
+  c.compile.topology = ""  # --mode=compile's target slice, e.g. "v5p-64", "v5e-256", "v6e-8".
 
   c.eval = ml_collections.ConfigDict()
   c.eval.interval = 0  # Evaluate on held-out prompts every this many steps; 0 disables.

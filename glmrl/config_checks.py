@@ -21,10 +21,11 @@ from glmrl.errors import UserError
 from glmrl.grpo import advantages as grpo_advantages
 from glmrl.grpo import loss as grpo_loss
 from glmrl.models import glm_image
+from glmrl.models import lora as lora_lib
 from glmrl.rewards import compose
 
 DTYPES = tuple(glm_image.DTYPES)
-MODES = ("train", "generate", "eval")
+MODES = ("train", "generate", "eval", "compile")
 
 
 class ConfigError(UserError):
@@ -76,6 +77,14 @@ UNIT_OPEN = number(lambda v: 0 <= v < 1, "must be in [0, 1)")
 MESH_AXIS = Rule(int, lambda v: v == -1 or v >= 1, "must be -1 (the remaining devices) or >= 1")
 PIXELS = Rule(int, lambda v: v > 0 and v % 32 == 0, "must be a positive multiple of 32 (one AR token per 32 px)")
 
+def _lora_targets_ok(value: str) -> bool:
+  try:
+    lora_lib.target_patterns(value)
+  except ValueError:
+    return False
+  return True
+
+
 # One rule per field of configs/common.py (a test keeps the two in step).
 RULES: dict[str, Rule] = {
     "seed": integer(0),
@@ -85,6 +94,9 @@ RULES: dict[str, Rule] = {
     "model.compute_dtype": choice(*DTYPES),
     "model.remat": BOOL,
     "model.dit_attention": choice("xla", "cudnn"),
+    "lora.rank": integer(0, why="must be >= 0 (0: full fine-tuning)"),
+    "lora.alpha": NON_NEGATIVE,
+    "lora.targets": Rule(str, _lora_targets_ok, f"must be a preset {sorted(lora_lib.TARGET_PRESETS)} or a valid regex"),
     "data.prompts_file": Rule(str, bool, "must name a .txt or .jsonl prompts file"),
     "data.mode": choice("t2i", "i2i"),
     "data.height": PIXELS,
@@ -131,6 +143,7 @@ RULES: dict[str, Rule] = {
     "checkpoint.max_to_keep": integer(1),
     "log.image_interval": integer(0, why="must be >= 0 (0 disables sample grids)"),
     "eval.interval": integer(0, why="must be >= 0 (0 disables periodic evaluation)"),
+    "compile.topology": STRING,
     "eval.prompts_file": STRING,
     "eval.seed": integer(0),
 }
@@ -185,11 +198,17 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
   unchecked = sorted(set(values) - set(RULES))
   if unchecked:
     raise ConfigError(f"config.{unchecked[0]} has no validation rule in glmrl/config_checks.py (RULES)")
-  for key, rule in RULES.items():
-    if key in values:
-      rule.check(f"config.{key}", values[key])
   _check(mode in MODES, "--mode", mode, f"must be one of {list(MODES)}")
+  # Compiling needs shapes only: no prompts are read and no weights (without a checkpoint: the preset's).
+  unread = ("data.prompts_file", "model.checkpoint_dir") if mode == "compile" else ()
+  for key, rule in RULES.items():
+    if key in values and not (key in unread and values[key] is None):
+      rule.check(f"config.{key}", values[key])
   _check_rewards(cfg.get("rewards"))
+
+  if values["lora.rank"]:
+    _check(values["lora.alpha"] > 0, "config.lora.alpha", values["lora.alpha"],
+           f"must be > 0 with config.lora.rank={values['lora.rank']} (the update is scaled by alpha / rank)")
 
   mesh = {a: values[f"mesh.{a}"] for a in ("data", "fsdp", "tensor")}
   _check(list(mesh.values()).count(-1) <= 1, "config.mesh", mesh, "at most one axis may be -1")
@@ -197,6 +216,12 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
     import jax
     _check(jax.default_backend() == "gpu", "config.model.dit_attention", "cudnn",
            f"cuDNN flash attention needs NVIDIA GPUs; this run's backend is {jax.default_backend()!r} (use 'xla')")
+  if mode == "compile":
+    _check(bool(values["compile.topology"]), "config.compile.topology", values["compile.topology"],
+           "--mode=compile needs a target slice, e.g. --config.compile.topology=v5p-64")
+    _check(not values["model.checkpoint_dir"] or os.path.isdir(values["model.checkpoint_dir"]),
+           "config.model.checkpoint_dir", values["model.checkpoint_dir"], "no such directory")
+    return
   ckpt = values["model.checkpoint_dir"]
   _check(not ckpt or os.path.isdir(ckpt), "config.model.checkpoint_dir", ckpt,
          "no such directory (convert the HF folder first: python -m checkpoints_convert --hf_dir=... --out_dir=...)")

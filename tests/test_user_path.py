@@ -109,3 +109,75 @@ def test_export_of_the_trained_run_loads_in_diffusers(t2i_run, converted, tmp_pa
   assert any(not torch.equal(trained[k], before[k]) for k in trained)  # two updates moved the generator
   for a, b in zip(pipe.transformer.state_dict().values(), source.transformer.state_dict().values()):
     assert torch.equal(a, b)  # the frozen decoder is the source's
+
+
+def _ar_inputs(cfg):
+  """Two left-padded text-to-image prompts of plain text ids, with their M-RoPE positions (transformers')."""
+  import torch
+
+  rng = np.random.default_rng(0)
+  text = (cfg.text.vision_vocab_size, cfg.text.pad_token_id)
+  seqs = [list(rng.integers(*text, n)) + [cfg.image_start_token_id] for n in (7, 4)]
+  length = max(len(s) for s in seqs)
+  ids = np.full((2, length), cfg.text.pad_token_id, np.int64)
+  mask = np.zeros((2, length), np.int64)
+  for b, s in enumerate(seqs):
+    ids[b, length - len(s):], mask[b, length - len(s):] = s, 1
+  return torch.tensor(ids), torch.tensor(mask), torch.tensor([[1, 2, 2], [1, 4, 4]] * 2), torch.tensor([2, 2])
+
+
+def test_lora_run_exports_a_peft_adapter_and_merged_weights(converted, tmp_path):
+  """configs/glm_image_t2i_lora.py:tiny on the converted folder; its adapter, loaded by peft onto transformers'
+  generator, gives our adapted model's logits (float32, 1e-4 max abs), and the merged export gives the same."""
+  import jax.numpy as jnp
+  import torch
+  from flax import nnx
+  from peft import PeftModel
+  from transformers import GlmImageForConditionalGeneration
+
+  from configs import glm_image_t2i_lora
+  from glmrl.checkpoint.manager import restore_trained_params
+  from glmrl.train import setup
+
+  _, ckpt = converted
+  workdir = tmp_path / "lora"
+  result = run_main("--config=configs/glm_image_t2i_lora.py:tiny", f"--config.model.checkpoint_dir={ckpt}",
+                    *SMALL, "--config.train.num_steps=2", tmp_path=workdir, timeout=900)
+  assert result.returncode == 0, result.stderr[-4000:]
+  exported = {}
+  for name, extra in (("adapter", ()), ("merged", ("--merge_lora",))):
+    exported[name] = tmp_path / name
+    out = subprocess.run([sys.executable, "-m", "checkpoints_convert", "--to_hf", f"--ckpt_dir={workdir}",
+                          f"--hf_out_dir={exported[name]}", *extra], capture_output=True, text=True, cwd=ROOT,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "complete GLM-Image pipeline folder" in out.stdout + out.stderr
+  adapter_dir = exported["adapter"] / "adapters" / "vision_language_encoder"
+  assert sorted(os.listdir(adapter_dir)) == ["adapter_config.json", "adapter_model.safetensors"]
+  assert not (exported["merged"] / "adapters").exists()
+
+  # Ours: the run's base with the restored adapters of step 2.
+  config = glm_image_t2i_lora.get_config("tiny")
+  config.model.checkpoint_dir = str(ckpt)
+  run = setup.build(config)
+  adapters, step = restore_trained_params(str(workdir), run.checkpoint_params(run.trainable))
+  assert step == 2
+  model = nnx.merge(run.ar_graphdef, adapters, run.frozen)
+  ids, mask, grids, per_sample = _ar_inputs(run.pipeline.configs.ar)
+
+  base = GlmImageForConditionalGeneration.from_pretrained(exported["adapter"] / "vision_language_encoder").eval()
+  pos, _ = base.model.get_rope_index(ids, image_grid_thw=grids, images_per_sample=per_sample, attention_mask=mask)
+  peft_model = PeftModel.from_pretrained(base, adapter_dir).eval()
+  merged = GlmImageForConditionalGeneration.from_pretrained(exported["merged"] / "vision_language_encoder").eval()
+  with torch.no_grad():
+    want = peft_model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.numpy()
+    want_merged = merged(input_ids=ids, attention_mask=mask, position_ids=pos).logits.numpy()
+    unadapted = peft_model.get_base_model()
+    with peft_model.disable_adapter():
+      without = unadapted(input_ids=ids, attention_mask=mask, position_ids=pos).logits.numpy()
+  got = np.asarray(nnx.jit(type(model).__call__)(model, jnp.asarray(ids.numpy()), jnp.asarray(pos.numpy()),
+                                                 jnp.asarray(mask.numpy())))
+  valid = mask.numpy().astype(bool)
+  np.testing.assert_allclose(got[valid], want[valid], rtol=0, atol=1e-4)
+  np.testing.assert_allclose(want_merged[valid], want[valid], rtol=0, atol=1e-4)
+  assert np.abs(without[valid] - want[valid]).max() > 1e-3  # two updates moved the adapted model

@@ -5,7 +5,8 @@ parts, the same paths as a converted checkpoint), so `python -m
 checkpoints_convert --to_hf --ckpt_dir=<workdir>` exports it; the generator's
 HF config sits beside the steps as `ar_config.json`, and the converted folder
 the run started from as `source.json` (the export takes every other pipeline
-component from there).
+component from there). A LoRA run's `params` hold only its adapters; `lora.json`
+records their settings and the identity of the base they adapt.
 
 A step that does not restore (a truncated or missing file) is reported and
 the newest step that does restore is used; the unreadable steps are moved,
@@ -26,6 +27,7 @@ from glmrl.errors import UserError
 
 AR_CONFIG_FILE = "ar_config.json"
 SOURCE_FILE = "source.json"
+LORA_FILE = "lora.json"
 UNREADABLE_DIR = "unreadable"
 # Longest error summary quoted per step (TensorStore messages embed whole specs).
 _SUMMARY_CHARS = 400
@@ -58,15 +60,46 @@ def read_source(directory: str) -> str | None:
   return value
 
 
+def check_adapters(directory: str, adapters: dict | None, has_steps: bool) -> None:
+  """The run's adapters (`{"rank", "alpha", "targets", "base": {"checkpoint_dir", "fingerprint"}}`, or
+  None for full fine-tuning) must be those `directory`'s checkpoints were trained with: adapters never
+  resume onto another base, and full fine-tuning and adapter checkpoints never mix."""
+  path = os.path.join(directory, LORA_FILE)
+  recorded = None
+  if os.path.isfile(path):
+    with open(path) as f:
+      recorded = json.load(f)
+  if not has_steps or recorded == adapters:
+    return
+  if recorded is None:
+    raise CheckpointError(f"{directory} holds full fine-tuning checkpoints but this run trains LoRA adapters "
+                          "(config.lora.rank > 0): use a new --workdir")
+  if adapters is None:
+    raise CheckpointError(f"{directory} holds LoRA adapter checkpoints ({path}: rank {recorded.get('rank')}) but "
+                          "this run is full fine-tuning (config.lora.rank=0): set the same config.lora, or use a "
+                          "new --workdir")
+  if recorded.get("base") != adapters.get("base"):
+    raise CheckpointError(f"refusing to resume: the adapters in {directory} were trained on the base "
+                          f"{recorded.get('base')} ({path}), this run's base is {adapters.get('base')}; "
+                          "point config.model.checkpoint_dir at the base they were trained on, or use a new --workdir")
+  diff = sorted(k for k in set(recorded) | set(adapters) if recorded.get(k) != adapters.get(k))
+  raise CheckpointError(f"{directory} holds adapters with other settings ({path}): "
+                        + ", ".join(f"{k} {recorded.get(k)!r} there, {adapters.get(k)!r} here" for k in diff))
+
+
 class TrainCheckpointer:
   """CheckpointManager with async saves every `save_interval` steps, keeping the last `max_to_keep`."""
 
   def __init__(self, workdir: str, save_interval: int, max_to_keep: int, ar_hf_config: dict | None = None,
-               source_checkpoint_dir: str | None = None):
+               source_checkpoint_dir: str | None = None, adapters: dict | None = None):
     """`source_checkpoint_dir`: the converted folder the run's models come from ("" for a random
-    preset); recorded in source.json so the export can write a complete pipeline folder."""
+    preset); recorded in source.json so the export can write a complete pipeline folder.
+    `adapters`: a LoRA run's adapter settings and base identity (`check_adapters`), recorded in
+    lora.json; its `params` items then hold the adapters only."""
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     os.makedirs(self.directory, exist_ok=True)
+    # Before anything is written: a mismatch leaves the folder as it was.
+    check_adapters(self.directory, adapters, bool(saved_steps(workdir)))
     if ar_hf_config is not None:
       write_json_atomic(os.path.join(self.directory, AR_CONFIG_FILE), ar_hf_config)
     if source_checkpoint_dir is not None:
@@ -77,6 +110,8 @@ class TrainCheckpointer:
         options=ocp.CheckpointManagerOptions(
             save_interval_steps=save_interval, max_to_keep=max_to_keep, enable_async_checkpointing=True),
         item_names=("params", "opt_state", "rng", "meta"))
+    if adapters is not None:
+      write_json_atomic(os.path.join(self.directory, LORA_FILE), adapters)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -173,6 +208,12 @@ def restore_newest(directory: str, steps, restore):
         f"no checkpoint in {directory} restores: " + "; ".join(f"step {s}: {why}" for s, why in failures)
         + " (nothing was changed). Repair or move those step folders, or train in a new --workdir")
   return None, None, []
+
+
+def saved_steps(workdir: str) -> list[int]:
+  """Finalised checkpoint steps of a run (Orbax writes into a temporary name and renames it when complete)."""
+  directory = os.path.join(workdir, "checkpoints")
+  return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(directory) else []
 
 
 def restore_trained_params(workdir: str, like_state):

@@ -7,9 +7,8 @@ import os
 
 import numpy as np
 from absl import logging
-from flax import nnx
 
-from glmrl.checkpoint.manager import restore_trained_params
+from glmrl.checkpoint.manager import check_adapters, restore_trained_params, saved_steps
 from glmrl.logging import MetricsWriter
 from glmrl.train import setup as setup_lib
 from glmrl.train.rollout import host_metadata
@@ -49,14 +48,15 @@ def evaluate(config, workdir: str) -> dict:
   """`--mode=eval`: the newest restorable checkpoint in workdir (or the initial model) on the held-out
   prompts, logged at its step (0 for the initial model). Read-only on the checkpoints."""
   run = setup_lib.build(config)
-  initial = nnx.merge_state(run.trainable, run.frozen)
-  ar_params, step = restore_trained_params(workdir, initial)
+  initial = run.checkpoint_params(run.trainable)
+  check_adapters(os.path.join(workdir, "checkpoints"), setup_lib.adapters_record(run), bool(saved_steps(workdir)))
+  saved, step = restore_trained_params(workdir, initial)
   if step is None:
     logging.info("no checkpoint in %s: evaluating the initial AR model", os.path.join(workdir, "checkpoints"))
-    ar_params, step = initial, 0
+    saved, step = initial, 0
   os.makedirs(workdir, exist_ok=True)
   writer = MetricsWriter(workdir)
   try:
-    return run_eval(run, (ar_params,), writer, step)
+    return run_eval(run, run.ar_params(saved), writer, step)
   finally:
     writer.close()

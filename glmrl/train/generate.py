@@ -18,10 +18,9 @@ import os
 
 import numpy as np
 from absl import logging
-from flax import nnx
 from PIL import Image
 
-from glmrl.checkpoint.manager import restore_trained_params
+from glmrl.checkpoint.manager import check_adapters, restore_trained_params, saved_steps
 from glmrl.logging import make_grid
 from glmrl.train import setup as setup_lib
 from glmrl.train.sample import sample_batches
@@ -71,14 +70,15 @@ def generate(config, workdir: str) -> dict:
   and the restored checkpoint step (None when there was no checkpoint)."""
   run = setup_lib.build(config)
   records = run.eval_records or run.records
-  initial = nnx.merge_state(run.trainable, run.frozen)
-  ar_params, step = restore_trained_params(workdir, initial)
+  initial = run.checkpoint_params(run.trainable)
+  check_adapters(os.path.join(workdir, "checkpoints"), setup_lib.adapters_record(run), bool(saved_steps(workdir)))
+  saved, step = restore_trained_params(workdir, initial)
   if step is None:
     logging.info("no checkpoint in %s: generating with the initial AR model", os.path.join(workdir, "checkpoints"))
-    ar_params = initial
+    saved = initial
   else:
     logging.info("generating with the AR parameters of step %d", step)
-  samples = sample_records(run, records, (ar_params,))
+  samples = sample_records(run, records, run.ar_params(saved))
   paths = write_outputs(os.path.join(workdir, "generate"), samples, [r.prompt for r in records], run.group_size,
                         step)
   logging.info("wrote %d images, %s and %s", len(paths["pngs"]), paths["grid"], paths["tokens"])

@@ -12,6 +12,7 @@ from absl import logging
 from flax import nnx
 
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
+from glmrl.checkpoint.manager import saved_steps
 from glmrl.logging import MetricsWriter, quiet_library_logs
 from glmrl.logging.progress import Progress
 from glmrl.train import evaluate as evaluate_lib
@@ -23,16 +24,6 @@ from glmrl.train import step as step_lib
 
 class NonFiniteError(RuntimeError):
   """Too many consecutive steps with a NaN or infinite loss or reward."""
-
-
-def update_spec(run, prompt_len: int, layout) -> step_lib.UpdateSpec:
-  cfg = run.config
-  micro = cfg.train.micro_batch_size or run.batch_size
-  return step_lib.UpdateSpec(
-      prompt_len=prompt_len, layout=layout, sampling=run.pipeline.spec.sampling,
-      micro_batches=run.batch_size // micro, epsilon_low=float(cfg.grpo.epsilon_low),
-      epsilon_high=float(cfg.grpo.epsilon_high), beta=float(cfg.grpo.beta), kl=cfg.grpo.kl,
-      aggregation=cfg.grpo.aggregation, remat=cfg.model.remat, tis_cap=float(cfg.grpo.tis_cap))
 
 
 class Trainer:
@@ -54,13 +45,17 @@ class Trainer:
     self.opt_state = jax.jit(init, out_shardings=optimizer_lib.state_shardings(
         jax.eval_shape(init, run.trainable), run.trainable, run.mesh))(run.trainable)
     self.params = run.trainable
-    # The frozen reference policy: a copy of the initial parameters, only when the KL term is on.
-    self.ref_params = jax.tree.map(jnp.copy, run.trainable) if config.grpo.beta > 0 else None
+    # The frozen reference policy: a copy of the initial parameters, only when the KL term is on; with
+    # LoRA none (the update turns the adapters off instead: no second copy of any weight).
+    self.ref_params = None
+    if config.grpo.beta > 0 and not run.lora.enabled:
+      self.ref_params = jax.tree.map(jnp.copy, run.trainable)
     self.root_key = jax.random.key(config.seed)
     self.step_index = 0
     self.checkpointer = TrainCheckpointer(workdir, config.checkpoint.save_interval, config.checkpoint.max_to_keep,
                                           ar_hf_config=run.pipeline.configs.ar.to_hf(),
-                                          source_checkpoint_dir=config.model.checkpoint_dir)
+                                          source_checkpoint_dir=config.model.checkpoint_dir,
+                                          adapters=setup_lib.adapters_record(run))
     self.writer = MetricsWriter(workdir)
     self.nonfinite_run = 0
     self.nonfinite_total = 0
@@ -70,9 +65,9 @@ class Trainer:
   # ------------------------------------------------------------- checkpoints
   def _restore(self):
     abstract = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), t)
-    full_params = self._full_ar_params()
+    saved = self.run.checkpoint_params(self.params)
     # The newest step that restores: an unreadable newer one is reported and set aside, not fatal.
-    restored = self.checkpointer.restore_latest(abstract(full_params), abstract(self.opt_state), self.root_key)
+    restored = self.checkpointer.restore_latest(abstract(saved), abstract(self.opt_state), self.root_key)
     if restored is None:
       return
     _, params, opt_state, key, meta = restored
@@ -84,24 +79,20 @@ class Trainer:
     self.nonfinite_total = int(meta.get("nonfinite_total", 0))
     logging.info("resumed from %s at step %d", self.checkpointer.directory, self.step_index)
 
-  def _full_ar_params(self):
-    """The whole AR generator's params (trained + frozen parts), as converted checkpoints hold them."""
-    return nnx.merge_state(self.params, self.run.frozen)
-
   def save(self, *, force: bool = False):
     """Saves on the interval (or when forced), unless this step is already saved."""
     if self.checkpointer.latest_step() == self.step_index:
       return False
     meta = {"step": self.step_index, "data": self.run.iterator.state(), "nonfinite_total": self.nonfinite_total}
-    return self.checkpointer.save(self.step_index, self._full_ar_params(), self.opt_state, self.root_key, meta,
-                                  force=force)
+    return self.checkpointer.save(self.step_index, self.run.checkpoint_params(self.params), self.opt_state,
+                                  self.root_key, meta, force=force)
 
   # -------------------------------------------------------------- the step
   def _update_fn(self, prompt_len: int, layout):
     """The jitted update of a prompt shape (one per run)."""
     key = (prompt_len, layout)
     if key not in self._compiled:
-      spec = update_spec(self.run, prompt_len, layout)
+      spec = setup_lib.update_spec(self.config, prompt_len, layout)
       # The updated params and optimizer state keep the shardings the rules gave them.
       shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
       self._compiled[key] = step_lib.make_update(self.run.ar_graphdef, spec, self.tx, self.schedule,
@@ -175,12 +166,6 @@ def _select(full_state, like_state):
   return nnx.from_flat_state([(p, flat[p]) for p, _ in nnx.to_flat_state(like_state)])
 
 
-def _saved_steps(workdir: str) -> list[int]:
-  """Finalised checkpoint steps (Orbax writes into a temporary name and renames it when complete)."""
-  directory = os.path.join(workdir, "checkpoints")
-  return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(directory) else []
-
-
 def train(config, workdir: str) -> dict:
   """Trains until config.train.num_steps; SIGTERM / Ctrl-C save a checkpoint and return.
 
@@ -189,7 +174,7 @@ def train(config, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   quiet_library_logs()
   num_steps = config.train.num_steps
-  saved = _saved_steps(workdir)
+  saved = saved_steps(workdir)
   if saved and saved[-1] >= num_steps:
     logging.info("already complete: %s holds step %d of %d; raise --config.train.num_steps to train further",
                  os.path.join(workdir, "checkpoints"), saved[-1], num_steps)

@@ -14,14 +14,17 @@ from absl import logging
 from flax import nnx
 
 from glmrl import sharding as sharding_lib
+from glmrl.checkpoint.fingerprint import fingerprint
 from glmrl.data import PromptIterator, load_prompts
 from glmrl.errors import UserError
 from glmrl.models import glm_image
+from glmrl.models import lora as lora_lib
 from glmrl.models.ar import tokenizer as word_tokenizer
 from glmrl.models.ar.prompt import PromptProcessor
 from glmrl.rewards import RewardComposer
 from glmrl.sampling.logprobs import SamplingConfig
 from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_decode_batch, check_glyph_fits
+from glmrl.train import step as step_lib
 
 # The AR model's parts that GRPO trains; the vision encoder and VQ stay frozen.
 TRAINABLE = nnx.All(nnx.Param, nnx.Not(nnx.Any(nnx.PathContains("visual"), nnx.PathContains("vq"))))
@@ -37,8 +40,9 @@ class Run:
   composer: RewardComposer
   pipeline: GlmImagePipeline
   ar_graphdef: object
-  trainable: nnx.State
-  frozen: nnx.State
+  trainable: nnx.State  # full fine-tuning: the decoder's parameters; LoRA: the adapters only
+  frozen: nnx.State     # everything else of the AR generator (the base weights, with LoRA)
+  lora: lora_lib.LoraConfig
 
   @property
   def group_size(self) -> int:
@@ -47,6 +51,15 @@ class Run:
   @property
   def batch_size(self) -> int:
     return self.config.data.prompts_per_step * self.config.grpo.group_size
+
+  def checkpoint_params(self, trainable) -> nnx.State:
+    """What a training checkpoint holds of the AR generator: the whole generator (the paths of a
+    converted checkpoint, so it exports as one), or with LoRA only the adapters."""
+    return trainable if self.lora.enabled else nnx.merge_state(trainable, self.frozen)
+
+  def ar_params(self, saved) -> tuple:
+    """The pipeline's `ar_params` of a checkpoint's params (`checkpoint_params`' output)."""
+    return (saved, self.frozen) if self.lora.enabled else (saved,)
 
 
 def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
@@ -78,6 +91,17 @@ def sampling_config(config) -> SamplingConfig:
   s = config.sampling
   return SamplingConfig(temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
                         constrain_to_codebook=bool(s.constrain_to_codebook))
+
+
+def update_spec(config, prompt_len: int, layout) -> step_lib.UpdateSpec:
+  """The static description of the run's update for its prompt length and generation layout."""
+  batch = config.data.prompts_per_step * config.grpo.group_size
+  return step_lib.UpdateSpec(
+      prompt_len=prompt_len, layout=layout, sampling=sampling_config(config),
+      micro_batches=batch // (config.train.micro_batch_size or batch), epsilon_low=float(config.grpo.epsilon_low),
+      epsilon_high=float(config.grpo.epsilon_high), beta=float(config.grpo.beta), kl=config.grpo.kl,
+      aggregation=config.grpo.aggregation, remat=config.model.remat, tis_cap=float(config.grpo.tis_cap),
+      reference="adapters_off" if config.lora.rank else "params")
 
 
 def pipeline_spec(config) -> PipelineSpec:
@@ -178,11 +202,45 @@ def build(config) -> Run:
     models[name] = glm_image.build(name, getattr(configs, name), mesh=mesh,
                                    checkpoint_dir=config.model.checkpoint_dir, seed=config.seed + i)
   ar_graphdef, ar_params = models["ar"]
-  graphdef, trainable, frozen = nnx.split(nnx.merge(ar_graphdef, ar_params), TRAINABLE, ...)
+  ar_model = nnx.merge(ar_graphdef, ar_params)
+  lora = lora_config(config)
+  if lora.enabled:
+    graphdef, trainable, frozen = add_adapters(ar_model, lora, mesh, config.seed)
+    logging.info("LoRA rank %d (alpha %g) on %d layers: %d trainable parameters", lora.rank, lora.alpha,
+                 len(jax.tree.leaves(trainable)) // 2, num_params(trainable))
+  else:
+    graphdef, trainable, frozen = nnx.split(ar_model, TRAINABLE, ...)
   # The run owns the AR parameters (the update donates them); the pipeline gets them per call.
-  models["ar"] = (ar_graphdef, None)
+  models["ar"] = (graphdef, None)
   pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config), mesh=mesh)
-  return Run(config, mesh, records, eval_records, iterator, composer, pipeline, graphdef, trainable, frozen)
+  return Run(config, mesh, records, eval_records, iterator, composer, pipeline, graphdef, trainable, frozen, lora)
+
+
+def lora_config(config) -> lora_lib.LoraConfig:
+  return lora_lib.LoraConfig(rank=config.lora.rank, alpha=float(config.lora.alpha),
+                             targets=lora_lib.target_patterns(config.lora.targets))
+
+
+def adapters_record(run) -> dict | None:
+  """What a LoRA run's checkpoints record of its adapters and their base (`check_adapters`); None
+  for full fine-tuning. The base is named by its folder (or preset and seed) and a fingerprint of
+  its weights (`glmrl.checkpoint.fingerprint`), so adapters never resume onto another base."""
+  if not run.lora.enabled:
+    return None
+  cfg = run.config
+  source = os.path.abspath(cfg.model.checkpoint_dir) if cfg.model.checkpoint_dir else \
+      f"random preset {cfg.model.preset!r}, seed {cfg.seed}, {cfg.model.param_dtype}"
+  return {"rank": run.lora.rank, "alpha": run.lora.alpha, "targets": list(run.lora.targets),
+          "base": {"checkpoint_dir": source, "fingerprint": fingerprint(run.frozen)}}
+
+
+def add_adapters(model, lora: lora_lib.LoraConfig, mesh, seed: int):
+  """(graphdef, adapters, base) of `model` with adapters attached: the adapters placed by the same
+  sharding rules as every parameter (B = 0: the model computes exactly what the base does)."""
+  lora_lib.apply_lora(model, lora, nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), 0x10FA)))
+  graphdef, adapters, base = nnx.split(model, lora_lib.LoraParam, ...)
+  adapters = jax.device_put(adapters, sharding_lib.state_shardings(adapters, mesh))
+  return graphdef, adapters, base
 
 
 def num_params(state) -> int:

@@ -20,6 +20,7 @@ from flax import nnx
 from flax import struct
 
 from glmrl import grpo
+from glmrl.models import lora as lora_lib
 from glmrl.models.ar.prompt import GenerationLayout
 from glmrl.sampling.logprobs import SamplingConfig, teacher_forced_logprobs
 from glmrl.train import optimizer as optimizer_lib
@@ -53,11 +54,16 @@ class UpdateSpec:
   logprob_chunk: int = 256
   remat: bool = False
   tis_cap: float = 0.0
+  # The KL term's reference policy: "params" (the `ref_params` passed in, a copy of the initial
+  # policy) or "adapters_off" (LoRA: these params with every adapter's B zeroed, i.e. the base).
+  reference: str = "params"
 
 
 def rollout_logprobs(graphdef, params, frozen, rollout: Rollout, spec: UpdateSpec) -> jax.Array:
   """Log-probs [B, N] of the rollout's generated tokens under `params` (the one log-prob function)."""
-  model = nnx.merge(graphdef, params, frozen)
+  # Fresh Variables (copy=True copies no arrays): remat'd layers write back to their Variables, which
+  # jax.grad refuses for ones made outside its trace, such as frozen base weights under LoRA.
+  model = nnx.merge(graphdef, params, frozen, copy=True)
   return teacher_forced_logprobs(model, rollout.sequence_ids, rollout.positions, rollout.valid,
                                  prompt_len=spec.prompt_len, layout=spec.layout, cfg=spec.sampling,
                                  chunk_size=spec.logprob_chunk, remat=spec.remat)
@@ -115,6 +121,8 @@ def accumulate_gradients(graphdef, params, frozen, rollout: Rollout, ref_params,
   """
   grad_fn = jax.grad(_micro_loss, has_aux=True)
   micro = _split_micro(rollout, spec.micro_batches)
+  if spec.reference == "adapters_off" and rollout.ref_logp is not None:
+    ref_params = lora_lib.adapters_off(params)
   use_ref = ref_params is not None and rollout.ref_logp is not None
 
   def body(carry, mb):

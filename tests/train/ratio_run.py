@@ -43,7 +43,7 @@ def main():
     graphdef, abstract = glm_image.abstract_model("ar", ar_cfg)
     graphdef = nnx.split(nnx.merge(graphdef, abstract), setup.TRAINABLE, ...)[0]
     for micro in (1, 2, 4):
-      spec = dataclasses.replace(loop.update_spec(run, *shape), micro_batches=micro)
+      spec = dataclasses.replace(loop.setup_lib.update_spec(run.config, *shape), micro_batches=micro)
       # Compiled as the trainer compiles it (donating copies of the state).
       fn = step_lib.make_update(graphdef, spec, trainer.tx, trainer.schedule,
                                 param_shardings=shardings(trainer.params), opt_shardings=shardings(trainer.opt_state))

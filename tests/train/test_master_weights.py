@@ -27,7 +27,7 @@ def setup(tmp_path_factory):
   run = trainer.run
   collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(3), trainer.params)
   rollout, shape = collected.batch, collected.update_shape
-  yield trainer, rollout, loop.update_spec(run, *shape)
+  yield trainer, rollout, loop.setup_lib.update_spec(run.config, *shape)
   trainer.close()
 
 

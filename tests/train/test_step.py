@@ -61,7 +61,7 @@ def test_micro_batches_give_the_full_batch_update(trainer):
   rollout = rollout.replace(advantages=rollout.advantages + 0.25)
   results = []
   for micro in (1, 2):
-    spec = dataclasses.replace(loop.update_spec(run, prompt_len, layout), micro_batches=micro)
+    spec = dataclasses.replace(loop.setup_lib.update_spec(run.config, prompt_len, layout), micro_batches=micro)
     fn = jax.jit(lambda p, f, o, r, first, spec=spec: step_lib.update(
         run.ar_graphdef, p, f, o, r, None, first, spec=spec, tx=trainer.tx, schedule=trainer.schedule))
     params, opt_state, m_first, (old_logp, _) = fn(trainer.params, run.frozen, trainer.opt_state, rollout, True)

@@ -1,0 +1,96 @@
+"""`python main.py --mode=compile --config.compile.topology=v5p-64`: does the run fit that slice?
+
+Builds the run abstractly on the slice's devices (no weights, no TPU: `glmrl.aot.topology`), compiles
+each program of a training step for it, and writes `<workdir>/compile_report.json` and
+`<workdir>/compile_report.md`. A program the compiler cannot fit is reported (`"fits": false`, the
+program and its error), not raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from absl import logging
+
+from glmrl import sharding as sharding_lib
+from glmrl.aot import programs as programs_lib
+from glmrl.aot import report as report_lib
+from glmrl.aot import topology as topology_lib
+from glmrl.errors import UserError
+
+REPORT_JSON = "compile_report.json"
+REPORT_TABLE = "compile_report.md"
+
+
+def _mesh(config, devices):
+  m = config.mesh
+  try:
+    return sharding_lib.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+  except ValueError as e:
+    raise UserError(f"config.mesh on {len(devices)} chips: {e}") from None
+
+
+def compile_report(config) -> dict:
+  """The report of `config` on `config.compile.topology` (see the module doc)."""
+  slice_ = topology_lib.parse(config.compile.topology)
+  mesh = _mesh(config, topology_lib.devices(slice_))
+  from glmrl.train import setup as setup_lib  # the same batch rules as a real run, on the slice's mesh
+
+  setup_lib.check_batch(config, tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
+  run = programs_lib.build(config, mesh)
+  state = {
+      "params": report_lib.bytes_per_chip(run.trainable),
+      "opt_state": report_lib.bytes_per_chip(run.opt_state),
+      "frozen": report_lib.bytes_per_chip((run.frozen, *(s for _, s in run.models.values()))),
+      "reference": report_lib.bytes_per_chip(run.reference) if run.reference is not None else 0,
+  }
+  resident = sum(state.values())
+  flops = report_lib.step_flops(config, run.layout, run.configs, lora=run.lora.enabled,
+                                ar_params=programs_lib.decoder_params(run),
+                                dit_params=programs_lib.num_params(run.models["dit"][1]))
+  entries, fits = {}, True
+  for name, builder in programs_lib.BUILDERS.items():
+    t0 = time.perf_counter()
+    program = builder(run)
+    if isinstance(program, str):
+      entries[name] = {"error": program}
+      continue
+    try:
+      compiled = program.lowered.compile()
+    except Exception as e:  # pylint: disable=broad-except  # XLA reports an over-full HBM as a compile error
+      message = str(e).splitlines()[0] if str(e) else type(e).__name__
+      entries[name] = {"error": message[:500], "fits": False}
+      fits = False
+      logging.warning("%s does not compile for %s: %s", name, slice_.name, message)
+      continue
+    entries[name] = report_lib.program_entry(program, compiled, resident, flops.get(name))
+    logging.info("compiled %s for %s in %.0f s: peak %.1f GiB per chip", name, slice_.name,
+                 time.perf_counter() - t0, entries[name]["peak_bytes_per_chip"] / 2**30)
+  peak = max((e["peak_bytes_per_chip"] for e in entries.values() if "peak_bytes_per_chip" in e), default=resident)
+  hbm = slice_.chip.hbm_bytes
+  fits = fits and peak <= hbm
+  total_flops = sum(flops.values())
+  return {
+      "topology": slice_.name, "libtpu_topology": slice_.topology_name, "chips": slice_.chips,
+      "mesh": {k: int(v) for k, v in mesh.shape.items()}, "hbm_bytes_per_chip": hbm, "fits": fits,
+      "programs": entries, "state_bytes_per_chip": state, "peak_bytes_per_chip": int(peak),
+      "step_flops": total_flops,
+      "estimated_step_seconds": total_flops / (slice_.chips * slice_.chip.peak_bf16_flops * report_lib.MFU_ASSUMPTION),
+      "mfu_assumption": report_lib.MFU_ASSUMPTION,
+      "trainable_params": programs_lib.num_params(run.trainable),
+  }
+
+
+def compile(config, workdir: str) -> dict:  # pylint: disable=redefined-builtin  # the mode's name
+  """`--mode=compile`: writes the report and its table into `workdir`; returns the report."""
+  report = compile_report(config)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, REPORT_JSON), "w") as f:
+    json.dump(report, f, indent=2)
+  table = report_lib.table(report)
+  with open(os.path.join(workdir, REPORT_TABLE), "w") as f:
+    f.write(table + "\n")
+  logging.info("%s\nwrote %s", table, os.path.join(workdir, REPORT_JSON))
+  return report

@@ -1,0 +1,82 @@
+"""Per-chip bytes and FLOPs of a compiled step, and the report `--mode=compile` writes.
+
+Peak per chip of a program = the run's resident state (every parameter, optimizer state and frozen
+model, which stay in HBM across programs) + the program's temporaries + its outputs that do not
+reuse a donated input + its arguments that are not resident state (batch inputs). The step's peak
+is the largest program's. FLOPs come from formulas: XLA's cost analysis counts the body of a loop
+(the DiT's denoising steps, the sampler's decode loop, the micro-batch scan) once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+MFU_ASSUMPTION = 0.4  # model FLOPs utilisation assumed for the step-time estimate
+
+
+def bytes_per_chip(tree) -> int:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (or arrays)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shard = leaf.sharding.shard_shape(tuple(leaf.shape)) if getattr(leaf, "sharding", None) else leaf.shape
+    total += math.prod(shard) * np.dtype(leaf.dtype).itemsize
+  return int(total)
+
+
+def step_flops(config, layout, configs, *, lora: bool, ar_params: int, dit_params: int) -> dict:
+  """FLOPs of one training step by program, from the standard dense-transformer formulas.
+
+  AR: 2 N per token and forward (N = `ar_params`, the text decoder and head) plus causal attention
+  2 L S^2 E per sequence (L layers, S tokens, E width); the update's backward costs 2x the forward
+  for the activations and, for full fine-tuning, 2x more for the weight gradients; remat repeats the
+  forward. DiT: both CFG branches at every step, 2 N_dit per token plus 4 L T^2 E attention over its
+  T tokens (image patches and glyph tokens). The VAE decode (convolutions) is left out.
+  """
+  b = config.data.prompts_per_step * config.grpo.group_size
+  s = config.data.max_prompt_tokens + layout.num_new_tokens
+  text, dit = configs.ar.text, configs.dit
+  ar_forward = b * (2 * ar_params * s + 2 * text.num_hidden_layers * s * s * text.hidden_size)
+  t = (config.data.height // 16) * (config.data.width // 16) + config.data.max_glyph_tokens
+  dit_width = dit.num_attention_heads * dit.attention_head_dim
+  return {
+      "ar_sampler": float(ar_forward),
+      "decoder": float(b * config.sampling.dit_steps * 2 * (2 * dit_params * t + 4 * dit.num_layers * t * t * dit_width)),
+      "update": float(config.grpo.num_iterations * ar_forward * ((2 if config.model.remat else 1) + (2 if lora else 4))),
+  }
+
+
+def program_entry(program, compiled, resident_bytes: int, flops: float | None) -> dict:
+  m = compiled.memory_analysis()
+  state = sum(bytes_per_chip(t) for t in program.state_args)
+  args, out, temp, alias = (int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
+                            int(m.temp_size_in_bytes), int(m.alias_size_in_bytes))
+  peak = resident_bytes + temp + max(out - alias, 0) + max(args - state, 0)
+  entry = {"argument_bytes": args, "output_bytes": out, "temp_bytes": temp, "alias_bytes": alias,
+           "peak_bytes_per_chip": peak}
+  if flops is not None:
+    entry["flops"] = float(flops)
+  return entry
+
+
+def table(report: dict) -> str:
+  """The report as a Markdown table (per-chip GiB), as the README shows it."""
+  gib = lambda v: f"{v / 2**30:,.1f}"
+  rows = [f"**{report['topology']}** ({report['chips']} chips, {gib(report['hbm_bytes_per_chip'])} GiB HBM each): "
+          f"{'fits' if report['fits'] else 'does not fit'}, peak {gib(report['peak_bytes_per_chip'])} GiB per chip "
+          f"({100 * report['peak_bytes_per_chip'] / report['hbm_bytes_per_chip']:.0f}% of HBM)", "",
+          "| program | arguments | outputs | temporaries | aliased | peak per chip | TFLOPs |",
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+  for name, p in report["programs"].items():
+    if "error" in p:
+      rows.append(f"| {name} | {p['error']} | | | | | |")
+      continue
+    flops = f"{p['flops'] / 1e12:,.0f}" if "flops" in p else ""
+    rows.append(f"| {name} | {gib(p['argument_bytes'])} | {gib(p['output_bytes'])} | {gib(p['temp_bytes'])} | "
+                f"{gib(p['alias_bytes'])} | {gib(p['peak_bytes_per_chip'])} | {flops} |")
+  state = report["state_bytes_per_chip"]
+  rows += ["", "resident state per chip (GiB): " + ", ".join(f"{k} {gib(v)}" for k, v in state.items()),
+           f"estimated step: {report['estimated_step_seconds']:.1f} s at {report['mfu_assumption']:.0%} MFU"]
+  return "\n".join(rows)

@@ -1,0 +1,249 @@
+"""Flow-GRPO's SDE sampling step for flow-matching models: the Gaussian policy of one denoising step.
+
+GRPO needs a stochastic policy with a tractable likelihood; the Euler ODE step of flow matching
+(`glmrl.sampling.scheduler.euler_step`) is deterministic. Flow-GRPO's ODE-to-SDE conversion (Liu
+et al. 2025, "Flow-GRPO: Training Flow Matching Models via Online RL", arXiv:2505.05470) replaces
+it by the Euler-Maruyama step of an SDE with the same marginals, so that each step x_t -> x_{t+1}
+is a Gaussian with a closed-form log-density:
+
+  std_t = a sqrt(sigma / (1 - sigma))                                   (a = noise_level)
+  mu    = x + dt (v + std_t^2 / (2 sigma) (x + (1 - sigma) v)),         dt = sigma' - sigma < 0
+  x'    = mu + std_t sqrt(-dt) eps,                                     eps ~ N(0, I)
+
+with v the (CFG-guided) velocity and sigma, sigma' = sigma_t, sigma_{t+1}. The reference code is
+flow_grpo/diffusers_patch/sd3_sde_with_logprob.py (`sde_step_with_logprob`, lines 44-68) and
+scripts/train_sd3.py (ratio and KL, lines 884-896) of github.com/yifan123/flow_grpo; this module
+reimplements its formulas, in float32 like the reference (which upcasts because bf16 overflows
+in the mean), with three documented departures: the mean is grouped as x + dt * drift (the
+reference expands it) so that noise_level 0 is the Euler step bit for bit, `sde_step` returns the
+next latent in the velocity's dtype and scores that rounded value, and `mean_kl` is the exact
+Gaussian KL (the reference's KL term differs by a factor -dt).
+
+Shapes: x, v, eps, mu are [B, ...] (any latent layout, e.g. [B, C, h, w]); sigma, sigma_next,
+noise_level and sigma_guard are scalars or per-sample [B] vectors, broadcast over the latent dims.
+All functions are pure, jit-able and free of Python control flow on traced values; the only
+Python branch is on a static noise_level == 0 (the exact ODE step). A trajectory's per-step
+log-probs stack to [B, steps], the [batch, tokens] layout `policy_loss` takes.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from glmrl.grpo._checks import is_static, same_shape
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _concrete(a):
+  """float64 numpy value of a non-traced input (for host-side checks), None for a tracer."""
+  if a is None or isinstance(a, jax.core.Tracer):
+    return None
+  return np.asarray(a, np.float64)
+
+
+def _check_schedule(sigma, sigma_next, noise_level, sigma_guard):
+  s, s_next = _concrete(sigma), _concrete(sigma_next)
+  a, guard = _concrete(noise_level), _concrete(sigma_guard)
+  for name, val in (("sigma", s), ("sigma_next", s_next), ("noise_level", a), ("sigma_guard", guard)):
+    if val is not None and val.ndim > 1:
+      raise ValueError(f"{name} must be a scalar or a per-sample [B] vector, got shape {val.shape}")
+  if s is not None and not np.all((s > 0) & (s <= 1)):
+    raise ValueError(f"sigma={s} must lie in (0, 1] (the flow's time; 1 is pure noise)")
+  if s_next is not None and not np.all(s_next >= 0):
+    raise ValueError(f"sigma_next={s_next} must be >= 0")
+  if s is not None and s_next is not None and not np.all(s_next < s):
+    raise ValueError(f"sigma_next={s_next} must be < sigma={s}: a denoising step has dt = sigma_next - sigma < 0")
+  if a is not None and not np.all(a >= 0):
+    raise ValueError(f"noise_level={a} must be >= 0")
+  if guard is not None and not np.all((guard >= 0) & (guard < 1)):
+    raise ValueError(f"sigma_guard={guard} must lie in [0, 1) (it replaces sigma = 1 in 1 - sigma)")
+
+
+def _per_sample(name, a, x):
+  """A scalar, or a [B] vector reshaped to [B, 1, ..., 1] to broadcast against x [B, ...]."""
+  a = jnp.asarray(a, jnp.float32)
+  if a.ndim == 0:
+    return a
+  if tuple(a.shape) != (x.shape[0],):
+    raise ValueError(f"{name} has shape {tuple(a.shape)}; expected a scalar or ({x.shape[0]},), one per sample")
+  return a.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
+def _latent_axes(x):
+  if x.ndim < 1:
+    raise ValueError("latents must be [B, ...] with a leading batch axis, got a scalar")
+  return tuple(range(1, x.ndim))
+
+
+def sde_std(sigma, sigma_next, noise_level, sigma_guard=None):
+  """(std_t, step_std): the SDE's diffusion coefficient at sigma and the step's noise std.
+
+  std_t = noise_level * sqrt(sigma / (1 - sigma')), with sigma' = where(sigma == 1, sigma_guard,
+  sigma) in the denominator only, and step_std = std_t * sqrt(sigma - sigma_next), the std of
+  x' given x (Euler-Maruyama: the noise of a step of length -dt is std_t sqrt(-dt)).
+
+  The guard: std_t diverges at sigma = 1 (the first step of a schedule that starts at pure noise,
+  which GLM-Image's does: its first sigma is shift(1) == 1 exactly). Flow-GRPO
+  (sd3_sde_with_logprob.py lines 44 and 47) replaces sigma by the schedule's second sigma,
+  `sigmas[1]`, in the factor 1 - sigma and keeps the numerator sigma = 1; so does this function,
+  in the same float32 order of operations. sigma_guard=None takes sigma_next: on a strictly decreasing
+  schedule sigma == 1 only at step 0, whose sigma_next is `sigmas[1]`, so the default is exactly
+  Flow-GRPO's value without the caller passing the schedule. Pass sigma_guard explicitly to use
+  another one (e.g. the same value for every step of a re-sampled schedule). Where sigma < 1 the
+  guard is not used. The mean's std_t^2 / (2 sigma) keeps the true sigma (as the reference does).
+
+  Args:
+    sigma: sigma_t, scalar or [B], in (0, 1].
+    sigma_next: sigma_{t+1} < sigma, scalar or [B].
+    noise_level: a >= 0, scalar or [B] (Flow-GRPO's default is 0.7).
+    sigma_guard: replaces sigma = 1 in 1 - sigma; None: sigma_next.
+
+  Returns:
+    (std_t, step_std), float32 of the broadcast shape of the arguments (scalar or [B]).
+  """
+  _check_schedule(sigma, sigma_next, noise_level, sigma_guard)
+  f32 = jnp.float32
+  sigma, sigma_next = jnp.asarray(sigma, f32), jnp.asarray(sigma_next, f32)
+  guard = sigma_next if sigma_guard is None else jnp.asarray(sigma_guard, f32)
+  dt = sigma_next - sigma
+  std_t = jnp.sqrt(sigma / (1.0 - jnp.where(sigma == 1.0, guard, sigma))) * jnp.asarray(noise_level, f32)
+  return std_t, std_t * jnp.sqrt(-dt)
+
+
+def sde_step_mean(x, v, sigma, sigma_next, noise_level, sigma_guard=None):
+  """(mu, step_std): the Gaussian policy N(mu, step_std^2 I) of one SDE step from x with velocity v.
+
+  mu = x + dt (v + std_t^2 / (2 sigma) (x + (1 - sigma) v)), dt = sigma_next - sigma: the Euler
+  step of the drift v - std_t^2/2 * score (the flow's score is -(x + (1 - sigma) v) / sigma), the
+  reference's `prev_sample_mean` regrouped so that std_t = 0 leaves exactly x + dt * v. With a
+  static noise_level == 0 (a Python or numpy 0) the mean is computed as `euler_step` computes its
+  result, x + dt * v in float32, so mu.astype(v.dtype) equals euler_step bitwise. A traced zero
+  takes the general formula; for finite inputs the term 0 * (...) it adds to v cannot change
+  x + dt * v (tested bitwise), but with an inf or NaN latent it turns into NaN where Euler keeps inf.
+
+  Args:
+    x: latents [B, ...], any float dtype (cast to float32: bf16 overflows in the mean).
+    v: the (CFG-guided) velocity, x's shape.
+    sigma, sigma_next, noise_level, sigma_guard: as in `sde_std`.
+
+  Returns:
+    mu [B, ...] float32, and step_std (float32, scalar or [B]) for `sde_logprob` / `mean_kl`.
+  """
+  x, v = jnp.asarray(x), jnp.asarray(v)
+  same_shape("v", v, "x", x)
+  _latent_axes(x)
+  std_t, step_std = sde_std(sigma, sigma_next, noise_level, sigma_guard)
+  f32 = jnp.float32
+  x32, v32 = x.astype(f32), v.astype(f32)
+  sigma_b = _per_sample("sigma", sigma, x)
+  dt_b = _per_sample("sigma_next", sigma_next, x) - sigma_b
+  if is_static(noise_level) and noise_level == 0:
+    return x32 + dt_b * v32, step_std
+  std_b = _per_sample("std_t", std_t, x)
+  drift = v32 + jnp.square(std_b) / (2.0 * sigma_b) * (x32 + (1.0 - sigma_b) * v32)
+  return x32 + dt_b * drift, step_std
+
+
+def sde_logprob(x_next, mu, step_std):
+  """[B] log N(x_next; mu, step_std^2 I) averaged, not summed, over the latent (non-batch) dims.
+
+  Per element: -(x' - mu)^2 / (2 step_std^2) - log(step_std) - log(sqrt(2 pi)), then the mean over
+  all non-batch axes, as Flow-GRPO (sd3_sde_with_logprob.py lines 61-68). Why the mean: the sum,
+  the true log-density of the whole latent, grows with the resolution D (tens of thousands of
+  elements), and so does every log-ratio logp_new - logp_old: an update that moves each element's
+  likelihood by a tiny amount moves the sum by D times that, so exp(sum) saturates the PPO clip at
+  once and its range would depend on the image size. The mean is the per-element average
+  log-density, on a scale independent of D. What it does to the clip: exp(mean(logp_new -
+  logp_old)) is the geometric mean of the D per-element ratios, so Flow-GRPO's clip range of 1e-4
+  (config/base.py line 86, `train.clip_range`) bounds the average per-element log-ratio; the same
+  trust region on the summed log-prob would need a clip range about D times larger in log space.
+  The mean is 1/D times the true log-density, so the policy gradient is scaled by 1/D (absorbed by
+  Adam's scale invariance, and by the KL weight, which `mean_kl` puts on the same per-element scale).
+
+  Where step_std <= 0 (noise_level 0: a deterministic step, a point mass with no density) the
+  log-prob is NaN, not a stand-in value: it must not enter a ratio.
+
+  Args:
+    x_next: the next latents [B, ...] (as stored: the value the ratio is taken at), any float dtype.
+    mu: the policy mean [B, ...] (`sde_step_mean`).
+    step_std: scalar or [B], the step's noise std (`sde_std`'s second value).
+
+  Returns:
+    [B] float32.
+  """
+  x_next, mu = jnp.asarray(x_next), jnp.asarray(mu)
+  same_shape("x_next", x_next, "mu", mu)
+  axes = _latent_axes(mu)
+  std_B = jnp.broadcast_to(jnp.asarray(step_std, jnp.float32), (mu.shape[0],))
+  std_b = _per_sample("step_std", std_B, mu)
+  diff = x_next.astype(jnp.float32) - mu.astype(jnp.float32)
+  logp_BxD = -jnp.square(diff) / (2.0 * jnp.square(std_b)) - jnp.log(std_b) - _LOG_SQRT_2PI
+  logp_B = jnp.mean(logp_BxD, axis=axes) if axes else logp_BxD
+  return jnp.where(std_B > 0, logp_B, jnp.nan)
+
+
+def sde_step(x, v, sigma, sigma_next, noise_level, eps, sigma_guard=None):
+  """(x_next, logp): one SDE sampling step and the [B] log-prob of the step actually taken.
+
+  x_next = mu + step_std * eps (`sde_step_mean`), rounded to v's dtype as `euler_step` rounds its
+  result (the sampler keeps latents in the velocity's dtype), and logp = sde_logprob(x_next, mu,
+  step_std) is taken at that rounded value: it is the log-prob a learner recomputes from the
+  stored (x, x_next), so the on-policy ratio is exactly 1 when v is recomputed identically. The
+  rounding of a bf16 velocity is then part of the sampled noise, not a mismatch between sampler and
+  learner.
+
+  noise_level == 0 (static): x_next is `euler_step(x, v, sigma, sigma_next)` bitwise and eps is
+  not used; logp is NaN for every sample (the step is deterministic; it has no density, and NaN
+  keeps it out of any ratio loudly). A traced noise_level that is 0 gives the same NaN logp.
+
+  Args:
+    x: latents [B, ...]; v: the (CFG-guided) velocity, x's shape.
+    sigma, sigma_next, noise_level, sigma_guard: as in `sde_std`.
+    eps: standard normal noise of x's shape (any float dtype; cast to float32).
+
+  Returns:
+    x_next [B, ...] in v's dtype, logp [B] float32.
+  """
+  x, v, eps = jnp.asarray(x), jnp.asarray(v), jnp.asarray(eps)
+  same_shape("eps", eps, "x", x)
+  mu, step_std = sde_step_mean(x, v, sigma, sigma_next, noise_level, sigma_guard)
+  if is_static(noise_level) and noise_level == 0:
+    x_next = mu.astype(v.dtype)
+  else:
+    x_next = (mu + _per_sample("step_std", step_std, x) * eps.astype(jnp.float32)).astype(v.dtype)
+  return x_next, sde_logprob(x_next, mu, step_std)
+
+
+def mean_kl(mu, mu_ref, step_std):
+  """[B] KL(N(mu, s^2 I) || N(mu_ref, s^2 I)) / D = mean((mu - mu_ref)^2) / (2 s^2), s = step_std.
+
+  Both policies step from the same x with the same noise, so the per-step KL is closed-form in the
+  means. It is the exact KL of the step divided by the number D of latent elements: the same
+  per-element scale as `sde_logprob` (the KL equals the expected difference of the two mean
+  log-probs under the policy), so beta weighs it against the surrogate independently of resolution.
+
+  The denominator: Flow-GRPO's training code (scripts/train_sd3.py line 895) divides the same mean
+  by 2 * std_dev_t^2 where std_dev_t is the returned diffusion coefficient std_t
+  (sd3_sde_with_logprob.py lines 47 and 70), without the sqrt(-dt): its value is this KL times -dt,
+  i.e. the exact KL weighted by the step length. This function keeps the exact KL of the two step
+  Gaussians, the quantity a KL coefficient is meant to weigh. To reproduce the reference code's
+  number pass std_t (`sde_std`'s first value) as step_std; with Flow-GRPO's default beta = 0 the choice
+  does not matter.
+
+  Args:
+    mu, mu_ref: the policy's and the reference policy's means [B, ...] at the same x.
+    step_std: scalar or [B], > 0.
+
+  Returns:
+    [B] float32 (0 exactly where mu == mu_ref).
+  """
+  mu, mu_ref = jnp.asarray(mu), jnp.asarray(mu_ref)
+  same_shape("mu_ref", mu_ref, "mu", mu)
+  axes = _latent_axes(mu)
+  std_B = jnp.broadcast_to(jnp.asarray(step_std, jnp.float32), (mu.shape[0],))
+  sq = jnp.square(mu.astype(jnp.float32) - mu_ref.astype(jnp.float32))
+  sq_B = jnp.mean(sq, axis=axes) if axes else sq
+  return sq_B / (2.0 * jnp.square(std_B))
