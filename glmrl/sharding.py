@@ -6,6 +6,8 @@ names onto the mesh axes `data`, `fsdp`, `tensor`; a name without a rule (or
 `None`) is replicated.
 """
 
+import contextlib
+
 import jax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
@@ -95,3 +97,24 @@ def state_shardings(abstract_state, mesh, rules=DEFAULT_RULES):
 def batch_sharding(mesh, ndim: int):
   """Leading (batch) dimension over data x fsdp, the rest replicated."""
   return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def constrain_batch(x: jax.Array, batch_axis: int = 0) -> jax.Array:
+  """`x` with its batch axis split over data x fsdp, inside a `jax.set_mesh` context (else as is).
+
+  Activations carry this between layers: left to propagation alone, XLA may replicate the batch and
+  split a feature axis the way the weights are split (re-gathering the batch at every micro-batch,
+  or holding every sample's 1024^2 decoder activations on each chip).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+  spec = [None] * x.ndim
+  spec[batch_axis] = axes
+  return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+
+
+def use_mesh(mesh):
+  """The context under which jitted calls trace with `mesh` as the activations' mesh (no-op for None)."""
+  return jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()

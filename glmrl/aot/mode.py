@@ -12,6 +12,7 @@ import json
 import os
 import time
 
+import jax
 from absl import logging
 
 from glmrl import sharding as sharding_lib
@@ -53,7 +54,8 @@ def compile_report(config) -> dict:
   entries, fits = {}, True
   for name, builder in programs_lib.BUILDERS.items():
     t0 = time.perf_counter()
-    program = builder(run)
+    with jax.set_mesh(mesh):  # the activations' batch constraints (`sharding.constrain_batch`) read it
+      program = builder(run)
     if isinstance(program, str):
       entries[name] = {"error": program}
       continue

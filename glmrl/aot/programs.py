@@ -120,7 +120,7 @@ def sampler(run: AbstractRun) -> Program:
   """The AR sampler: prefill and the KV-cache decode loop of every generated token."""
   mesh, b, l, n = run.mesh, run.batch_size, run.prompt_len, run.layout.num_new_tokens
   state = nnx.merge_state(run.trainable, run.frozen)
-  key = jax.ShapeDtypeStruct((b,), jax.random.key(0).dtype,
+  key = jax.ShapeDtypeStruct((b,), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                              sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
                                  sharding_lib.BATCH_AXES)))
   lowered = ar_sampler._sample_ids.lower(  # pylint: disable=protected-access  # the run's own jitted sampler

@@ -248,10 +248,11 @@ class GlmImagePipeline:
   def sample_tokens(self, prepared: Prepared, keys_B, group_size: int, ar_params=None):
     """AR tokens for every prompt x `group_size` samples (`ar_params`: (trainable, frozen) states)."""
     rep = lambda x, axis=0: self.shard_batch(np.repeat(x, group_size, axis=axis), axis)
-    return ar_sampler.sample_ids(
-        self.ar_model(ar_params), rep(prepared.input_ids), rep(prepared.batch.valid),
-        rep(prepared.positions, axis=1), rep(prepared.decode_positions), self.shard_batch(keys_B),
-        layout=prepared.batch.layout, cfg=self.spec.sampling)
+    with sharding_lib.use_mesh(self.mesh):
+      return ar_sampler.sample_ids(
+          self.ar_model(ar_params), rep(prepared.input_ids), rep(prepared.batch.valid),
+          rep(prepared.positions, axis=1), rep(prepared.decode_positions), self.shard_batch(keys_B),
+          layout=prepared.batch.layout, cfg=self.spec.sampling)
 
   def glyph_embeddings(self, prepared: Prepared, group_size: int) -> tuple:
     """(glyph, mask, negative glyph, negative mask), each repeated to [B, ...]."""
@@ -283,8 +284,9 @@ class GlmImagePipeline:
     prior_PxGxX = decode.upsample_prior_tokens(jnp.asarray(prepared.source_ids).reshape(p * n, th, tw))
     dit_def, dit_params = self.models["dit"]
     vae_def, vae_params = self.models["vae"]
-    return decode.write_source_cache(dit_def, dit_params, vae_def, vae_params, jnp.asarray(prepared.source_images),
-                                     prior_PxGxX.reshape(p, n, -1))
+    with sharding_lib.use_mesh(self.mesh):
+      return decode.write_source_cache(dit_def, dit_params, vae_def, vae_params,
+                                       jnp.asarray(prepared.source_images), prior_PxGxX.reshape(p, n, -1))
 
   def decode_tokens(self, prepared: Prepared, target_Bxhxw, latents, group_size: int, source_cache=None):
     """Denoise from `latents` conditioned on the target-grid tokens and decode: (uint8 images, latents).
@@ -302,9 +304,12 @@ class GlmImagePipeline:
     check_decode_batch(chunk, b, group_size)
     dit_def, dit_params = self.models["dit"]
     vae_def, vae_params = self.models["vae"]
-    run = lambda cond, latents, size, crop, cache: decode.denoise_and_decode(
-        dit_def, dit_params, vae_def, vae_params, cond, latents, self.model_timesteps, self.sigmas,
-        self.spec.guidance_scale, size, crop, cache)
+    def run(cond, latents, size, crop, cache):
+      with sharding_lib.use_mesh(self.mesh):
+        return decode.denoise_and_decode(dit_def, dit_params, vae_def, vae_params, cond, latents,
+                                         self.model_timesteps, self.sigmas, self.spec.guidance_scale, size, crop,
+                                         cache)
+
     if chunk == b:
       return run(cond, latents, target_size, crop, source_cache)
     images, out_latents = [], []

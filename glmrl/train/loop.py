@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
+from glmrl import sharding as sharding_lib
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
 from glmrl.checkpoint.manager import saved_steps
 from glmrl.logging import MetricsWriter, quiet_library_logs
@@ -115,8 +116,9 @@ class Trainer:
     # step reads whether it did only with the logged scalars (no extra host round trip).
     per_iter = []
     for it in range(cfg.grpo.num_iterations):
-      self.params, self.opt_state, m, (old_logp, ref_logp) = update_fn(
-          self.params, run.frozen, self.opt_state, rollout, self.ref_params, it == 0)
+      with sharding_lib.use_mesh(run.mesh):  # the activations' batch constraints
+        self.params, self.opt_state, m, (old_logp, ref_logp) = update_fn(
+            self.params, run.frozen, self.opt_state, rollout, self.ref_params, it == 0)
       if it == 0:
         # The first update computed the old (and reference) log-probs; the later ones read them.
         rollout = rollout.replace(old_logp=old_logp, ref_logp=ref_logp)

@@ -9,7 +9,7 @@ from flax import nnx
 from flax import struct
 
 from glmrl.models.ar.config import ACTIVATIONS, ARConfig
-from glmrl.sharding import EMBED, HEADS, KV, MLP, VOCAB
+from glmrl.sharding import EMBED, HEADS, KV, MLP, VOCAB, constrain_batch
 
 _MASKED = float(jnp.finfo(jnp.float32).min)
 
@@ -213,7 +213,7 @@ class TextDecoder(nnx.Module):
     mask_BxLxL = causal_LxL[None] & valid_BxL.astype(bool)[:, None, :]
     run = nnx.remat(_layer_no_cache) if self.cfg.remat else _layer_no_cache
     for layer in self.layers:
-      x_BxLxE = run(layer, x_BxLxE, cos, sin, mask_BxLxL)
+      x_BxLxE = run(layer, constrain_batch(x_BxLxE), cos, sin, mask_BxLxL)
     return self.norm(x_BxLxE)
 
   def step(self, x_BxLxE, positions_3xBxL, key_valid_BxT, cache: KVCache, start):
@@ -227,5 +227,5 @@ class TextDecoder(nnx.Module):
     mask_BxLxT = causal_LxT[None] & key_valid_BxT.astype(bool)[:, None, :]
     k_all, v_all = cache.k, cache.v
     for i, layer in enumerate(self.layers):
-      x_BxLxE, (k_all, v_all) = layer(x_BxLxE, cos, sin, mask_BxLxT, (k_all, v_all, i, start))
+      x_BxLxE, (k_all, v_all) = layer(constrain_batch(x_BxLxE), cos, sin, mask_BxLxT, (k_all, v_all, i, start))
     return self.norm(x_BxLxE), KVCache(k=k_all, v=v_all)

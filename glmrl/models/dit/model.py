@@ -17,7 +17,7 @@ from glmrl.models.dit.config import DiTConfig
 from glmrl.models.dit.embeddings import TimeConditionEmbed, image_projector, patchify, unpatchify
 from glmrl.models.dit.layers import MLP, layer_norm, linear
 from glmrl.models.dit.rope import rope_tables, with_unrotated_prefix
-from glmrl.sharding import EMBED, MLP as MLP_AXIS, VOCAB
+from glmrl.sharding import EMBED, MLP as MLP_AXIS, VOCAB, constrain_batch
 
 
 def _shape(x) -> tuple:
@@ -94,6 +94,7 @@ class GlmImageDiT(nnx.Module):
     new_k, new_v = [], []
     for i, block in enumerate(self.blocks):
       cached_kv = kvc.layer_slots_for_batch(kv_cache, i, b) if cache_mode == "read" else None
+      img_BxXxE, txt_BxTxE = constrain_batch(img_BxXxE), constrain_batch(txt_BxTxE)
       img_BxXxE, txt_BxTxE, (k, v) = block_fn(block, img_BxXxE, txt_BxTxE, temb_BxC, cos_SxD, sin_SxD,
                                               key_valid_BxK, cached_kv)
       if cache_mode == "write":

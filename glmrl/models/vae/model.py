@@ -21,6 +21,7 @@ from flax import nnx
 
 from glmrl.models.vae.blocks import DownBlock, MidBlock, UpBlock, conv, group_norm
 from glmrl.models.vae.config import VAEConfig
+from glmrl.sharding import constrain_batch
 
 
 class LatentDist(NamedTuple):
@@ -71,10 +72,10 @@ class Decoder(nnx.Module):
     self.conv_out = conv(cfg, chans[-1], cfg.out_channels, 3, rngs=rngs)
 
   def __call__(self, z_BxhxwxC):
-    x = self.mid_block(self.conv_in(z_BxhxwxC))
+    x = self.mid_block(self.conv_in(constrain_batch(z_BxhxwxC)))
     for block in self.up_blocks:
-      x = block(x)
-    return self.conv_out(jax.nn.silu(self.conv_norm_out(x)))
+      x = block(constrain_batch(x))
+    return self.conv_out(jax.nn.silu(self.conv_norm_out(constrain_batch(x))))
 
 
 def _check(x, name: str, channels: int):

@@ -1,0 +1,94 @@
+"""--mode=compile: a step's programs compiled for a TPU slice from this CPU host (libtpu, no TPU).
+
+The tiny config on v5e slices: the report as users get it from main.py, every optimizer-state leaf
+sharded like its parameter, and the per-chip bytes of the sharded state halving when the chips double.
+"""
+
+import json
+import os
+
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+import glmrl  # noqa: F401,E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from glmrl.aot import mode as mode_lib  # noqa: E402
+from glmrl.aot import programs  # noqa: E402
+from glmrl.aot import report as report_lib  # noqa: E402
+from glmrl.aot import topology  # noqa: E402
+from glmrl.errors import UserError  # noqa: E402
+from tests.test_main import run_main  # noqa: E402
+from tests.train.common import tiny_config  # noqa: E402
+
+
+def test_main_writes_the_report_for_a_slice(tmp_path):
+  result = run_main("--config=configs/demo.py", "--mode=compile", "--config.compile.topology=v5e-8",
+                    tmp_path=tmp_path, timeout=600)
+  assert result.returncode == 0, (result.stderr + result.stdout)[-3000:]
+  report = json.loads((tmp_path / "compile_report.json").read_text())
+  assert report["topology"] == "v5e-8" and report["chips"] == 8 and report["fits"] is True
+  assert report["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+  assert set(report["programs"]) == {"ar_sampler", "decoder", "rewards", "update"}
+  for name, p in report["programs"].items():
+    assert 0 < p["peak_bytes_per_chip"] <= report["peak_bytes_per_chip"] < report["hbm_bytes_per_chip"], name
+    assert p["argument_bytes"] > 0 and p["temp_bytes"] >= 0, name
+  # The update donates params and optimizer state: its outputs reuse their buffers.
+  assert report["programs"]["update"]["alias_bytes"] >= report["state_bytes_per_chip"]["params"]
+  assert "| update |" in (tmp_path / "compile_report.md").read_text()
+
+
+def abstract_run(chips: int):
+  config = tiny_config(data__prompts_per_step=4)  # 16 samples: splits over 8 chips
+  devices = topology.devices(topology.parse(f"v5e-{chips}"))
+  return programs.build(config, mode_lib._mesh(config, devices))  # pylint: disable=protected-access
+
+
+def test_optimizer_state_is_sharded_like_the_parameters_and_state_bytes_scale_down():
+  runs = {n: abstract_run(n) for n in (4, 8)}
+  run = runs[8]
+  params = {path: leaf for path, leaf in jax.tree_util.tree_flatten_with_path(run.trainable)[0]}
+  matched = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(run.opt_state)[0]:
+    owner = next((params[path[i:]] for i in range(len(path)) if path[i:] in params), None)
+    if owner is not None and owner.shape == leaf.shape:
+      assert leaf.sharding == owner.sharding, jax.tree_util.keystr(path)
+      matched += 1
+  assert matched == 2 * len(params)  # AdamW's two moments of every parameter
+  assert any(not leaf.sharding.is_fully_replicated for leaf in params.values())
+  # Bytes per chip of the sharded parameter-shaped state: the leaves whose sharded axis splits over
+  # both slices hold exactly half as much on twice the chips.
+  for tree in ("trainable", "opt_state"):
+    halves = []
+    for a, b in zip(jax.tree.leaves(getattr(runs[4], tree)), jax.tree.leaves(getattr(runs[8], tree))):
+      if not b.sharding.is_fully_replicated:
+        halves.append((report_lib.bytes_per_chip(a), report_lib.bytes_per_chip(b)))
+    assert halves and all(b4 == 2 * b8 for b4, b8 in halves), tree
+
+
+def test_lora_run_trains_only_adapters_in_the_abstract_run():
+  config = tiny_config(data__prompts_per_step=4, lora__rank=4, lora__alpha=8.0)
+  run = programs.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))
+  assert all(isinstance(v, nnx.Variable) and type(v).__name__ == "LoraParam"
+             for _, v in nnx.to_flat_state(run.trainable))
+  assert run.reference is None  # the KL reference is the adapters-off model, not a copy
+  assert programs.num_params(run.trainable) < programs.num_params(run.frozen) / 10
+
+
+@pytest.mark.parametrize("name,message", [
+    ("v5p-63", "count TensorCores"), ("v4-8", "expected <generation>-<size>"), ("v6e-3", "known sizes"),
+])
+def test_bad_topology_names(name, message):
+  with pytest.raises(UserError, match=message):
+    topology.parse(name)
+
+
+def test_slice_names_map_to_libtpu_topologies():
+  assert topology.parse("v5p-64").topology_name == "v5p:2x4x4" and topology.parse("v5p-64").chips == 32
+  assert topology.parse("v5e-256").topology_name == "v5e:16x16"
+  assert topology.parse("v6e-8").topology_name == "v6e:2x4"
+  assert len(topology.devices(topology.parse("v5p-8"))) == 4
+  assert np.isclose(topology.parse("v5p-8").chip.hbm_bytes, 95e9)
