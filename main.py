@@ -24,6 +24,7 @@ from ml_collections import config_flags
 
 import glmrl  # noqa: F401  (library-wide settings)
 from glmrl import config_checks
+from glmrl import distributed
 from glmrl.errors import UserError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "demo.py")
@@ -32,6 +33,10 @@ _CONFIG = config_flags.DEFINE_config_file(
     "(all keys: configs/common.py).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and samples.", required=True)
 _MODE = flags.DEFINE_enum("mode", "train", config_checks.MODES, "What to run (see the top of this help).")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-process runs: HOST:PORT of process 0 "
+                                   "(detected on SLURM and Cloud TPU pods).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process runs: how many processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index.")
 
 # mode -> "module:function(config, workdir)"; imported only when chosen.
 _MODES = {
@@ -70,6 +75,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   module_name, fn_name = _MODES[_MODE.value].split(":")
   try:
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     config_checks.validate(_CONFIG.value, _MODE.value)
     result = getattr(importlib.import_module(module_name), fn_name)(_CONFIG.value, _WORKDIR.value)
   except UserError as e:

@@ -9,6 +9,7 @@ names onto the mesh axes `data`, `fsdp`, `tensor`; a name without a rule (or
 import contextlib
 
 import jax
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -118,3 +119,26 @@ def constrain_batch(x: jax.Array, batch_axis: int = 0) -> jax.Array:
 def use_mesh(mesh):
   """The context under which jitted calls trace with `mesh` as the activations' mesh (no-op for None)."""
   return jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
+
+
+def put(x, sharding: NamedSharding) -> jax.Array:
+  """`x` placed on `sharding`, also when the mesh spans several processes.
+
+  Every process holds the same host value (the data pipeline is deterministic), so each builds its
+  own devices' shards from it (`make_array_from_callback`); a single process uses device_put. PRNG
+  key arrays travel as their key data.
+  """
+  if sharding.is_fully_addressable:
+    return jax.device_put(x, sharding)
+  if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    return jax.random.wrap_key_data(put(jax.random.key_data(x), sharding), impl=jax.random.key_impl(x))
+  host = np.asarray(x)
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def to_host(x) -> np.ndarray:
+  """The whole value of a (possibly multi-process) array as numpy on every process."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)

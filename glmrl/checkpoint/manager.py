@@ -20,6 +20,7 @@ import os
 import sys
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -38,7 +39,10 @@ class CheckpointError(UserError):
 
 
 def write_json_atomic(path: str, value) -> None:
-  """Writes JSON through a temporary file and a rename, so a reader never sees half a file."""
+  """Writes JSON through a temporary file and a rename, so a reader never sees half a file (process 0
+  of a multi-process run writes the run's records; the others hold the same values)."""
+  if jax.process_index():
+    return
   tmp = f"{path}.tmp"
   with open(tmp, "w") as f:
     json.dump(value, f, indent=2, sort_keys=True)
@@ -123,13 +127,15 @@ class TrainCheckpointer:
         args=ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
-            rng=ocp.args.StandardSave({"key_data": jax.random.key_data(rng_key)}),
+            # The key is the same on every process: stored as host data (written once), not a device array.
+            rng=ocp.args.StandardSave({"key_data": np.asarray(jax.random.key_data(rng_key))}),
             meta=ocp.args.JsonSave(meta)),
         force=force)
 
   def restore(self, step: int, abstract_params, abstract_opt_state, abstract_rng_key):
     """Restores onto the shardings carried by the abstract trees; returns (params, opt_state, key, meta)."""
-    key_data = jax.eval_shape(jax.random.key_data, abstract_rng_key)
+    abstract_key_data = jax.eval_shape(jax.random.key_data, abstract_rng_key)
+    key_data = np.zeros(abstract_key_data.shape, abstract_key_data.dtype)
     restored = self.manager.restore(
         step,
         args=ocp.args.Composite(
@@ -137,7 +143,7 @@ class TrainCheckpointer:
             opt_state=ocp.args.StandardRestore(abstract_opt_state),
             rng=ocp.args.StandardRestore({"key_data": key_data}),
             meta=ocp.args.JsonRestore()))
-    key = jax.random.wrap_key_data(restored.rng["key_data"], impl=jax.random.key_impl(abstract_rng_key))
+    key = jax.random.wrap_key_data(np.asarray(restored.rng["key_data"]), impl=jax.random.key_impl(abstract_rng_key))
     return restored.params, restored.opt_state, key, restored.meta
 
   def restore_latest(self, abstract_params, abstract_opt_state, abstract_rng_key):

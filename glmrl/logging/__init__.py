@@ -1,10 +1,10 @@
 """Run logging: scalars (tensorboard, metrics.jsonl, console), captioned sample grids, metric plots."""
 
 from glmrl.logging.images import make_grid
-from glmrl.logging.metrics import MetricsWriter, sample_captions
+from glmrl.logging.metrics import MetricsWriter, NullWriter, run_writer, sample_captions
 from glmrl.logging.plot import plot_metric, read_metric
 
-__all__ = ["MetricsWriter", "make_grid", "plot_metric", "read_metric", "sample_captions"]
+__all__ = ["MetricsWriter", "NullWriter", "make_grid", "plot_metric", "read_metric", "run_writer", "sample_captions"]
 
 
 def quiet_library_logs() -> None:

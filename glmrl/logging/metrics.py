@@ -131,3 +131,32 @@ class MetricsWriter:
 
   def __exit__(self, *exc):
     self.close()
+
+
+class NullWriter:
+  """A MetricsWriter that writes nothing: the processes of a multi-process run other than process 0."""
+
+  def write_scalars(self, step, scalars):
+    return {"step": step, **scalars}
+
+  def drop_rows_after(self, step) -> int:
+    return 0
+
+  def write_images(self, *args, **kwargs):
+    return None
+
+  def write_samples(self, *args, **kwargs):
+    return None
+
+  def flush(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
+def run_writer(workdir):
+  """The run's writer: a MetricsWriter on process 0, a NullWriter on the others."""
+  import jax
+
+  return MetricsWriter(workdir) if jax.process_index() == 0 else NullWriter()

@@ -157,6 +157,21 @@ class RewardComposer:
       total = total + e["weight"] * s
     return total
 
+  def _host_components(self, images, prompts, metadata) -> dict:
+    """Host-side rewards as device arrays; in a multi-process run each process scores its own samples
+    (the rows of the images its devices hold) and the scores are assembled like the images."""
+    if not isinstance(images, jax.Array) or images.is_fully_addressable:
+      return {k: jnp.asarray(v) for k, v in self.host_scores(images, prompts, metadata).items()}
+    spans = sorted({(s.index[0].start or 0, s.index[0].stop or images.shape[0]): s
+                    for s in images.addressable_shards}.items())
+    rows = np.concatenate([np.arange(a, b) for (a, b), _ in spans])
+    local_images = np.concatenate([np.asarray(shard.data) for _, shard in spans])
+    local_meta = {k: (v[rows] if isinstance(v, np.ndarray) else [v[i] for i in rows]) for k, v in metadata.items()
+                  if isinstance(v, (np.ndarray, list, tuple)) and len(v) == images.shape[0]}
+    scores = self.host_scores(local_images, [prompts[i] for i in rows], local_meta)
+    sharding = jax.sharding.NamedSharding(images.sharding.mesh, jax.sharding.PartitionSpec(images.sharding.spec[0]))
+    return {k: jax.make_array_from_process_local_data(sharding, v, (images.shape[0],)) for k, v in scores.items()}
+
   def _device_scores(self, host_components, images, metadata):
     components = dict(self.jax_scores(images, metadata))
     components.update(host_components)
@@ -184,13 +199,15 @@ class RewardComposer:
       raise ValueError(f"batch of {batch} images is not divisible by group_size={self.group_size}")
     metadata = dict(metadata or {})
     metadata.update(self.prepare(prompts, metadata))
-    array_metadata = {k: jnp.asarray(v) for k, v in metadata.items()
+    # Host arrays stay numpy: jit places them on the images' mesh (also across processes).
+    array_metadata = {k: v for k, v in metadata.items()
                       if isinstance(v, (np.ndarray, jax.Array))
                       and (jnp.issubdtype(v.dtype, jnp.number) or v.dtype == np.bool_)}
     host_components = {}
     if any(not e["reward"].pure_jax for e in self.entries):
-      host_components = {k: jnp.asarray(v) for k, v in self.host_scores(images, prompts, metadata).items()}
-    total, components = self._device_scores_jit(host_components, jnp.asarray(images), array_metadata)
+      host_components = self._host_components(images, prompts, metadata)
+    total, components = self._device_scores_jit(host_components, images if isinstance(images, jax.Array)
+                                                else jnp.asarray(images), array_metadata)
     return total, {e["name"]: components[e["name"]] for e in self.entries}  # jit returns dicts key-sorted
 
   def __call__(self, images, prompts: Sequence[str], metadata: Mapping[str, Any] | None = None):

@@ -243,7 +243,7 @@ class GlmImagePipeline:
       return jnp.asarray(x)
     spec = [None] * np.ndim(x)
     spec[batch_axis] = sharding_lib.BATCH_AXES
-    return jax.device_put(x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(*spec)))
+    return sharding_lib.put(x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(*spec)))
 
   def sample_tokens(self, prepared: Prepared, keys_B, group_size: int, ar_params=None):
     """AR tokens for every prompt x `group_size` samples (`ar_params`: (trainable, frozen) states)."""

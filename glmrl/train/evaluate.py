@@ -9,7 +9,8 @@ import numpy as np
 from absl import logging
 
 from glmrl.checkpoint.manager import check_adapters, restore_trained_params, saved_steps
-from glmrl.logging import MetricsWriter
+from glmrl.logging import run_writer
+from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib
 from glmrl.train.rollout import host_metadata
 from glmrl.train.sample import sample_batches
@@ -29,11 +30,11 @@ def run_eval(run, ar_params, writer, step: int) -> dict:
     prompts = [p for p in batch.prompts for _ in range(g)]
     total, comps = run.composer.score(out.images, prompts, host_metadata(batch.metadata, g))
     keep = slice(0, real * g)
-    totals.append(np.asarray(total)[keep])
+    totals.append(to_host(total)[keep])
     for k, v in comps.items():
-      components.setdefault(k, []).append(np.asarray(v)[keep])
+      components.setdefault(k, []).append(to_host(v)[keep])
     if images_out is None:
-      images_out, prompts_out = np.asarray(out.images)[keep], prompts[:real * g]
+      images_out, prompts_out = to_host(out.images)[keep], prompts[:real * g]
   total = np.concatenate(totals)
   scalars = {"eval/reward/mean": float(total.mean()), "eval/reward/std": float(total.std())}
   for k, v in components.items():
@@ -55,7 +56,7 @@ def evaluate(config, workdir: str) -> dict:
     logging.info("no checkpoint in %s: evaluating the initial AR model", os.path.join(workdir, "checkpoints"))
     saved, step = initial, 0
   os.makedirs(workdir, exist_ok=True)
-  writer = MetricsWriter(workdir)
+  writer = run_writer(workdir)
   try:
     return run_eval(run, run.ar_params(saved), writer, step)
   finally:

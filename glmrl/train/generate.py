@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 
+import jax
 import numpy as np
 from absl import logging
 from PIL import Image
 
 from glmrl.checkpoint.manager import check_adapters, restore_trained_params, saved_steps
 from glmrl.logging import make_grid
+from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib
 from glmrl.train.sample import sample_batches
 
@@ -36,10 +38,10 @@ def sample_records(run, records, ar_params) -> dict:
   parts = {"images": [], "target": [], "tokens": [], "logprobs": []}
   for _, out, real in sample_batches(run, records, ar_params):
     keep = slice(0, real * g)
-    parts["images"].append(np.asarray(out.images)[keep])
-    parts["target"].append(np.asarray(out.sample.target)[keep])
-    parts["tokens"].append(np.asarray(out.sample.tokens)[keep])
-    parts["logprobs"].append(np.asarray(out.sample.logprobs)[keep])
+    parts["images"].append(to_host(out.images)[keep])
+    parts["target"].append(to_host(out.sample.target)[keep])
+    parts["tokens"].append(to_host(out.sample.tokens)[keep])
+    parts["logprobs"].append(to_host(out.sample.logprobs)[keep])
   result = {k: np.concatenate(v) for k, v in parts.items()}
   result["prompt_index"] = np.repeat(np.arange(len(records)), g)
   result["sample_index"] = np.tile(np.arange(g), len(records))
@@ -79,6 +81,8 @@ def generate(config, workdir: str) -> dict:
   else:
     logging.info("generating with the AR parameters of step %d", step)
   samples = sample_records(run, records, run.ar_params(saved))
+  if jax.process_index():  # every process sampled its shards; process 0 writes
+    return {"step": step}
   paths = write_outputs(os.path.join(workdir, "generate"), samples, [r.prompt for r in records], run.group_size,
                         step)
   logging.info("wrote %d images, %s and %s", len(paths["pngs"]), paths["grid"], paths["tokens"])

@@ -14,7 +14,7 @@ from flax import nnx
 from glmrl import sharding as sharding_lib
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
 from glmrl.checkpoint.manager import saved_steps
-from glmrl.logging import MetricsWriter, quiet_library_logs
+from glmrl.logging import quiet_library_logs, run_writer
 from glmrl.logging.progress import Progress
 from glmrl.train import evaluate as evaluate_lib
 from glmrl.train import optimizer as optimizer_lib
@@ -57,7 +57,7 @@ class Trainer:
                                           ar_hf_config=run.pipeline.configs.ar.to_hf(),
                                           source_checkpoint_dir=config.model.checkpoint_dir,
                                           adapters=setup_lib.adapters_record(run))
-    self.writer = MetricsWriter(workdir)
+    self.writer = run_writer(workdir)
     self.nonfinite_run = 0
     self.nonfinite_total = 0
     self._compiled = {}
@@ -149,8 +149,8 @@ class Trainer:
     })
     self.writer.write_scalars(self.step_index, scalars)
     if cfg.log.image_interval and (self.step_index % cfg.log.image_interval == 0 or self.step_index == 1):
-      self.writer.write_samples(self.step_index, jax.device_get(collected.images), collected.prompts,
-                                jax.device_get(collected.total), tag="train_samples", ncols=run.group_size)
+      self.writer.write_samples(self.step_index, sharding_lib.to_host(collected.images), collected.prompts,
+                                sharding_lib.to_host(collected.total), tag="train_samples", ncols=run.group_size)
     if self.nonfinite_run >= cfg.train.max_consecutive_nonfinite:
       raise NonFiniteError(f"{self.nonfinite_run} consecutive steps had a non-finite loss or reward (step "
                            f"{self.step_index}); stopping (config.train.max_consecutive_nonfinite="

@@ -1,0 +1,55 @@
+"""Several processes, one run: `jax.distributed` set up before any array exists.
+
+Explicit with `--coordinator_address=HOST:PORT --num_processes=N --process_id=I` (any cluster, or
+processes on one machine); detected otherwise on SLURM (several tasks) and Cloud TPU pods (several
+worker hostnames), where `jax.distributed.initialize()` reads the rest from the environment. On CPUs
+the processes talk over gloo (loopback on one machine).
+
+Every process runs the same program on the same host data (the prompt iterator and PRNG keys are
+deterministic), places its own devices' shards of each batch (`sharding.put`), computes host-side
+rewards for its own samples, and writes its shards of each checkpoint; process 0 alone writes
+metrics, images and the run's JSON records.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+from glmrl.errors import UserError
+
+
+def detected() -> bool:
+  """True on a multi-task SLURM job or a multi-host Cloud TPU slice."""
+  if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+    return True
+  return len([h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None) -> None:
+  """Starts jax.distributed when several processes run; nothing for a single process."""
+  explicit = (coordinator_address, num_processes, process_id)
+  if any(v is not None for v in explicit):
+    if any(v is None for v in explicit):
+      raise UserError("--coordinator_address, --num_processes and --process_id go together "
+                      f"(got {coordinator_address!r}, {num_processes!r}, {process_id!r})")
+    if not 0 <= process_id < num_processes:
+      raise UserError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
+    if num_processes == 1:
+      return
+  elif not detected():
+    return
+  # Collectives of the CPU backend (the compute backend of CPU runs); accelerators bring their own.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if any(v is not None for v in explicit):
+    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                               process_id=process_id)
+  else:
+    jax.distributed.initialize()
+
+
+def is_main() -> bool:
+  """The process that writes the run's logs, images and records."""
+  return jax.process_index() == 0
