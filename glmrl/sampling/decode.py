@@ -9,6 +9,7 @@ cache (`write_source_cache`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax import struct
 
+from glmrl.grpo import flow
 from glmrl.models.dit import kv_cache as kvc
 from glmrl.sampling.scheduler import euler_step_at
 
@@ -42,22 +44,46 @@ class Conditioning:
   neg_glyph_mask_BxS: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=("dit_def", "vae_def"))
+@dataclasses.dataclass(frozen=True)
+class SdeWindow:
+  """Flow-GRPO's stochastic steps: `size` consecutive SDE steps from step `start` (the trained timesteps),
+  the ODE's Euler steps elsewhere. `noise_level` is the SDE's a (`glmrl.grpo.flow`)."""
+  noise_level: float
+  start: int
+  size: int
+
+
+@struct.dataclass
+class Trajectory:
+  """The SDE window's steps of each sample: x_t, x_{t+1} ([W, B, C, h, w]) and the sampler's log-prob of
+  each step ([W, B]; diagnostics: a learner recomputes its own with its own forward)."""
+  latents_before: jax.Array
+  latents_after: jax.Array
+  sampler_logp: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("dit_def", "vae_def", "sde"))
 def denoise_and_decode(dit_def, dit_state, vae_def, vae_state, cond: Conditioning, latents_BxCxhxw,
                        model_timesteps_S, sigmas_S1, guidance_scale, target_size_Bx2, crop_Bx2,
-                       source_cache: kvc.DiTKVCache | None = None):
-  """Runs the S denoising steps from `latents` and decodes: (uint8 images [B, H, W, 3], latents)."""
+                       source_cache: kvc.DiTKVCache | None = None, sde: SdeWindow | None = None, noise_keys_B=None):
+  """Runs the S denoising steps from `latents` and decodes: (uint8 images [B, H, W, 3], latents), plus the
+  SDE window's Trajectory when `sde` is given (its noise drawn from `noise_keys_B`, one key per sample)."""
   dit = nnx.merge(dit_def, dit_state)
   vae = nnx.merge(vae_def, vae_state)
-  latents = denoise(dit, cond, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
-                    target_size_Bx2, crop_Bx2, source_cache)
-  images = vae.decode_normalized(jnp.transpose(latents, (0, 2, 3, 1)).astype(vae.cfg.dtype))
-  return to_uint8(images), latents
+  out = denoise(dit, cond, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
+                target_size_Bx2, crop_Bx2, source_cache, sde=sde, noise_keys_B=noise_keys_B)
+  latents = out[0] if sde is not None else out
+  images = to_uint8(vae.decode_normalized(jnp.transpose(latents, (0, 2, 3, 1)).astype(vae.cfg.dtype)))
+  return (images, latents, out[1]) if sde is not None else (images, latents)
 
 
 def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
-            target_size_Bx2, crop_Bx2, source_cache=None):
-  """The pipeline's Euler loop with CFG: v = v_u + g (v_c - v_u); x <- x + (s' - s) v."""
+            target_size_Bx2, crop_Bx2, source_cache=None, *, sde: SdeWindow | None = None, noise_keys_B=None):
+  """The pipeline's Euler loop with CFG: v = v_u + g (v_c - v_u); x <- x + (s' - s) v.
+
+  With `sde`, the window's steps are Flow-GRPO's SDE steps instead (`glmrl.grpo.flow.sde_step`, noise
+  eps ~ N(0, I) drawn per sample and step from fold_in(key, step)); returns (latents, Trajectory).
+  """
   batch = latents_BxCxhxw.shape[0]
   drop_uncond = jnp.ones((batch, 1), bool)
   read = "read" if source_cache is not None else None
@@ -68,13 +94,38 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_
               prior_token_drop=drop, glyph_mask=mask, kv_cache=source_cache, cache_mode=mode)
     return (out[0] if mode else out).astype(jnp.float32)
 
-  def step(i, x):
+  def guided(i, x):
     t = model_timesteps_S[i]
     v_cond = velocity(x, t, cond.glyph_BxSxD, cond.glyph_mask_BxS, False, read)
     v_uncond = velocity(x, t, cond.neg_glyph_BxSxD, cond.neg_glyph_mask_BxS, drop_uncond, skip)
-    return euler_step_at(sigmas_S1, i, x, v_uncond + guidance_scale * (v_cond - v_uncond))
+    return v_uncond + guidance_scale * (v_cond - v_uncond)
 
-  return jax.lax.fori_loop(0, model_timesteps_S.shape[0], step, latents_BxCxhxw.astype(jnp.float32))
+  def step(i, x):
+    return euler_step_at(sigmas_S1, i, x, guided(i, x))
+
+  x0 = latents_BxCxhxw.astype(jnp.float32)
+  if sde is None:
+    return jax.lax.fori_loop(0, model_timesteps_S.shape[0], step, x0)
+  if not 0 <= sde.start <= sde.start + sde.size <= model_timesteps_S.shape[0] or sde.size < 1:
+    raise ValueError(f"SDE window {sde} does not lie within the {model_timesteps_S.shape[0]} denoising steps")
+
+  def sde_step(i, carry):
+    x, record = carry
+    v = guided(i, x)
+    eps = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, i), x.shape[1:], jnp.float32))(noise_keys_B)
+    x_next, logp_B = flow.sde_step(x, v, sigmas_S1[i], sigmas_S1[i + 1], sde.noise_level, eps)
+    w = i - sde.start
+    record = Trajectory(record.latents_before.at[w].set(x), record.latents_after.at[w].set(x_next),
+                        record.sampler_logp.at[w].set(logp_B))
+    return x_next, record
+
+  shape = (sde.size,) + x0.shape
+  record = Trajectory(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32),
+                      jnp.zeros((sde.size, x0.shape[0]), jnp.float32))
+  x = jax.lax.fori_loop(0, sde.start, step, x0)
+  x, record = jax.lax.fori_loop(sde.start, sde.start + sde.size, sde_step, (x, record))
+  x = jax.lax.fori_loop(sde.start + sde.size, model_timesteps_S.shape[0], step, x)
+  return x, record
 
 
 @functools.partial(jax.jit, static_argnames=("dit_def", "vae_def"))
