@@ -12,6 +12,11 @@ import pytest
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "glmrl_test_xla_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# libtpu (requirements-compile.txt, for --mode=compile) takes /tmp/libtpu_lockfile in the first process that
+# loads it; the suite's processes (pytest and its main.py subprocesses) load it side by side and none drives a
+# TPU. Off Google Cloud it must not wait for the metadata server.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
 
 @pytest.fixture(scope="session")

@@ -69,7 +69,8 @@ def parse(name: str) -> Slice:
 
 def devices(slice_: Slice):
   """The slice's abstract TPU devices (no TPU needed). Needs libtpu: a clear error when it is missing."""
-  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # off Google Cloud: no metadata server to ask
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no TPU is driven: another libtpu user may run
   from jax.experimental import topologies
 
   try:
