@@ -64,7 +64,8 @@ def program_entry(program, compiled, resident_bytes: int, flops: float | None) -
 def table(report: dict) -> str:
   """The report as a Markdown table (per-chip GiB), as the README shows it."""
   gib = lambda v: f"{v / 2**30:,.1f}"
-  rows = [f"**{report['topology']}** ({report['chips']} chips, {gib(report['hbm_bytes_per_chip'])} GiB HBM each): "
+  chips = f"{report['chips']} chips" if report["chips"] > 1 else "1 chip"
+  rows = [f"**{report['topology']}** ({chips}, {gib(report['hbm_bytes_per_chip'])} GiB HBM each): "
           f"{'fits' if report['fits'] else 'does not fit'}, peak {gib(report['peak_bytes_per_chip'])} GiB per chip "
           f"({100 * report['peak_bytes_per_chip'] / report['hbm_bytes_per_chip']:.0f}% of HBM)", "",
           "| program | arguments | outputs | temporaries | aliased | peak per chip | TFLOPs |",
