@@ -308,7 +308,7 @@ def _export_training(params_dir: str, config_path: str, step: int, hf_out_dir: s
       _match_dtype(os.path.join(out, component.config_name), plan, log)
     exported[component.name] = export_component(component, generator_dir, run_config, out,
                                                 max_shard_size=max_shard_size, plan=plan, adjust=adjust)
-    what = {None: "trained", True: "base + merged adapters", False: "base"}[None if lora is None else merge_lora]
+    what = "trained" if lora is None else ("base + merged adapters" if merge_lora else "base")
     log(f"exported {component.name} ({what}) of step {step}: {exported[component.name]['tensors']} tensors -> "
         f"{exported[component.name]['files']}")
   if adapters is not None and not merge_lora:

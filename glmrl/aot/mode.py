@@ -20,6 +20,7 @@ from glmrl.aot import programs as programs_lib
 from glmrl.aot import report as report_lib
 from glmrl.aot import topology as topology_lib
 from glmrl.errors import UserError
+from glmrl.train import setup as setup_lib
 
 REPORT_JSON = "compile_report.json"
 REPORT_TABLE = "compile_report.md"
@@ -37,8 +38,6 @@ def compile_report(config) -> dict:
   """The report of `config` on `config.compile.topology` (see the module doc)."""
   slice_ = topology_lib.parse(config.compile.topology)
   mesh = _mesh(config, topology_lib.devices(slice_))
-  from glmrl.train import setup as setup_lib  # the same batch rules as a real run, on the slice's mesh
-
   setup_lib.check_batch(config, tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
   run = programs_lib.build(config, mesh)
   state = {

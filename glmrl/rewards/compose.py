@@ -206,8 +206,7 @@ class RewardComposer:
     host_components = {}
     if any(not e["reward"].pure_jax for e in self.entries):
       host_components = self._host_components(images, prompts, metadata)
-    total, components = self._device_scores_jit(host_components, images if isinstance(images, jax.Array)
-                                                else jnp.asarray(images), array_metadata)
+    total, components = self._device_scores_jit(host_components, images, array_metadata)
     return total, {e["name"]: components[e["name"]] for e in self.entries}  # jit returns dicts key-sorted
 
   def __call__(self, images, prompts: Sequence[str], metadata: Mapping[str, Any] | None = None):

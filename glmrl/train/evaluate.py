@@ -8,12 +8,11 @@ import os
 import numpy as np
 from absl import logging
 
-from glmrl.checkpoint.manager import check_adapters, restore_trained_params, saved_steps
 from glmrl.logging import run_writer
 from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib
 from glmrl.train.rollout import host_metadata
-from glmrl.train.sample import sample_batches
+from glmrl.train.sample import restored_ar_params, sample_batches
 
 
 def run_eval(run, ar_params, writer, step: int) -> dict:
@@ -49,15 +48,10 @@ def evaluate(config, workdir: str) -> dict:
   """`--mode=eval`: the newest restorable checkpoint in workdir (or the initial model) on the held-out
   prompts, logged at its step (0 for the initial model). Read-only on the checkpoints."""
   run = setup_lib.build(config)
-  initial = run.checkpoint_params(run.trainable)
-  check_adapters(os.path.join(workdir, "checkpoints"), setup_lib.adapters_record(run), bool(saved_steps(workdir)))
-  saved, step = restore_trained_params(workdir, initial)
-  if step is None:
-    logging.info("no checkpoint in %s: evaluating the initial AR model", os.path.join(workdir, "checkpoints"))
-    saved, step = initial, 0
+  ar_params, step = restored_ar_params(run, workdir)
   os.makedirs(workdir, exist_ok=True)
   writer = run_writer(workdir)
   try:
-    return run_eval(run, run.ar_params(saved), writer, step)
+    return run_eval(run, ar_params, writer, step or 0)
   finally:
     writer.close()

@@ -21,11 +21,10 @@ import numpy as np
 from absl import logging
 from PIL import Image
 
-from glmrl.checkpoint.manager import check_adapters, restore_trained_params, saved_steps
 from glmrl.logging import make_grid
 from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib
-from glmrl.train.sample import sample_batches
+from glmrl.train.sample import restored_ar_params, sample_batches
 
 
 def sample_records(run, records, ar_params) -> dict:
@@ -72,15 +71,8 @@ def generate(config, workdir: str) -> dict:
   and the restored checkpoint step (None when there was no checkpoint)."""
   run = setup_lib.build(config)
   records = run.eval_records or run.records
-  initial = run.checkpoint_params(run.trainable)
-  check_adapters(os.path.join(workdir, "checkpoints"), setup_lib.adapters_record(run), bool(saved_steps(workdir)))
-  saved, step = restore_trained_params(workdir, initial)
-  if step is None:
-    logging.info("no checkpoint in %s: generating with the initial AR model", os.path.join(workdir, "checkpoints"))
-    saved = initial
-  else:
-    logging.info("generating with the AR parameters of step %d", step)
-  samples = sample_records(run, records, run.ar_params(saved))
+  ar_params, step = restored_ar_params(run, workdir)
+  samples = sample_records(run, records, ar_params)
   if jax.process_index():  # every process sampled its shards; process 0 writes
     return {"step": step}
   paths = write_outputs(os.path.join(workdir, "generate"), samples, [r.prompt for r in records], run.group_size,

@@ -1,12 +1,31 @@
-"""Sampling a list of prompt records in fixed-size batches: what `--mode=generate` and evaluation share."""
+"""What `--mode=generate` and `--mode=eval` share: the run's parameters restored read-only, and prompt
+records sampled in fixed-size batches."""
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import jax
+from absl import logging
 
+from glmrl.checkpoint.manager import check_adapters, restore_trained_params, saved_steps
 from glmrl.data import PromptIterator
+from glmrl.train import setup as setup_lib
+
+
+def restored_ar_params(run, workdir: str) -> tuple:
+  """(the pipeline's `ar_params`, step) of the newest checkpoint in `<workdir>/checkpoints` that restores, or
+  of the initial model (step None) without checkpoints. A LoRA run's adapters must be of its base."""
+  initial = run.checkpoint_params(run.trainable)
+  check_adapters(os.path.join(workdir, "checkpoints"), setup_lib.adapters_record(run), bool(saved_steps(workdir)))
+  saved, step = restore_trained_params(workdir, initial)
+  if step is None:
+    logging.info("no checkpoint in %s: the initial AR model", os.path.join(workdir, "checkpoints"))
+    saved = initial
+  else:
+    logging.info("the AR parameters of step %d", step)
+  return run.ar_params(saved), step
 
 
 def sample_batches(run, records, ar_params) -> Iterator[tuple]:
