@@ -11,6 +11,13 @@ plus every other component and file of the converted folder the run started
 from (recorded in source.json, or given as `source_dir`), the generator's
 generation_config.json included. A run of a random preset has no such folder:
 only the generator is written, and the result says why it is incomplete.
+
+A run that trained the DiT decoder holds a `decoder_params` item in its step folders (the DiT's
+Param state with a converted `transformer/params`' paths, or with `decoder_lora.json` its adapters),
+and no `params` when it did not train the generator (whose folder is then the source's): the
+folder's `transformer/` is the trained DiT (its config.json the source's, else the run's
+`dit_config.json`), or the source's base with the adapters written in diffusers' LoRA format under
+`adapters/transformer/` (or merged into it with --merge_lora).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from glmrl.checkpoint.params import PARAMS_DIR
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 TRAINING_CONFIG = "ar_config.json"
 TRAINING_COMPONENT = "vision_language_encoder"
+DECODER_COMPONENT = "transformer"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +134,9 @@ def find_training_checkpoint(ckpt_dir: str, step: int | None = None) -> tuple[st
   """(params dir, config path, step) of a training run, or None when `ckpt_dir` is not one.
 
   `ckpt_dir` is the CheckpointManager directory (holding ar_config.json and
-  integer step folders) or the run's workdir containing `checkpoints/`.
+  integer step folders) or the run's workdir containing `checkpoints/`. A step holds the
+  generator's `params` item, the DiT decoder's `decoder_params`, or both (a run that trains only
+  the decoder writes no `params`: the params dir returned is then absent).
   """
   for root in (ckpt_dir, os.path.join(ckpt_dir, "checkpoints")):
     config = os.path.join(root, TRAINING_CONFIG)
@@ -134,10 +144,11 @@ def find_training_checkpoint(ckpt_dir: str, step: int | None = None) -> tuple[st
       break
   else:
     return None
+  items = (PARAMS_DIR, train_ckpt.DECODER_PARAMS)
   steps = sorted(int(n) for n in os.listdir(root)
-                 if n.isdigit() and os.path.isdir(os.path.join(root, n, PARAMS_DIR)))
+                 if n.isdigit() and any(os.path.isdir(os.path.join(root, n, i)) for i in items))
   if not steps:
-    raise ValueError(f"{root}: no step folder with a '{PARAMS_DIR}' item")
+    raise ValueError(f"{root}: no step folder with a '{PARAMS_DIR}' or '{train_ckpt.DECODER_PARAMS}' item")
   if step is None:
     step = steps[-1]
   elif step not in steps:
@@ -225,12 +236,12 @@ def training_source(run_dir: str, source_dir: str | None) -> tuple[str | None, s
   return os.path.abspath(source), None
 
 
-def _check_same_generator(component, source_config: dict, source_path: str, run_config: dict, run_path: str):
-  """The source's generator config must describe the trained one (same architecture)."""
+def _check_same_model(component, role: str, source_config: dict, source_path: str, run_config: dict, run_path: str):
+  """The source's config of a trained model must describe the trained one (same architecture)."""
   a, b = component.config_from_hf(source_config), component.config_from_hf(run_config)
   if a != b:
     diff = [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
-    raise ValueError(f"{source_path} describes a different generator than the trained one ({run_path}): "
+    raise ValueError(f"{source_path} describes a different {role} than the trained one ({run_path}): "
                      f"{', '.join(diff)} differ; is this the converted folder the run trained from?")
 
 
@@ -251,79 +262,164 @@ def _match_dtype(config_path: str, plan: list[Exported], log):
     log(f"{config_path}: {', '.join(f'{k} {v} -> {dtype}' for k, v in changed.items())} (the trained tensors' dtype)")
 
 
-def _read_lora(run_dir: str) -> dict | None:
-  path = os.path.join(run_dir, train_ckpt.LORA_FILE)
+def _read_json(path: str) -> dict | None:
   if not os.path.isfile(path):
     return None
   with open(path) as f:
-    return json.load(f)
+    try:
+      return json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}: not valid JSON ({e})") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+  """A model a training run trained: one item of its step folder."""
+  component: components_lib.Component
+  role: str                  # "generator" / "decoder", in messages
+  item_dir: str              # the step's Orbax item: the model's whole Param state, or with `lora` its adapters
+  lora: dict | None          # the run's LoRA record ({"rank", "alpha", "targets", "base"}), None: full fine-tuning
+  lora_file: str             # where that record is (or would be)
+  config_path: str           # the run's HF config of the model (absent when the run recorded none)
+
+
+def trained_models(params_dir: str, config_path: str) -> list[TrainedModel]:
+  """The AR generator (when the step holds `params`) and the DiT decoder (when it holds `decoder_params`)."""
+  run_dir = os.path.dirname(config_path)
+  models = []
+  for component, role, item, lora_file, config in (
+      (TRAINING_COMPONENT, "generator", params_dir, train_ckpt.LORA_FILE, config_path),
+      (DECODER_COMPONENT, "decoder", os.path.join(os.path.dirname(params_dir), train_ckpt.DECODER_PARAMS),
+       train_ckpt.DECODER_LORA_FILE, os.path.join(run_dir, train_ckpt.DIT_CONFIG_FILE))):
+    if os.path.isdir(item):
+      lora_path = os.path.join(run_dir, lora_file)
+      models.append(TrainedModel(components_lib.get(component), role, item, _read_json(lora_path), lora_path,
+                                 config))
+  return models
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelExport:
+  """What is written of one trained model, decided (and validated) before anything is written."""
+  model: TrainedModel
+  source_dir: str | None     # the source's folder of the component: its files, and the adapters' base
+  weights_dir: str | None    # the Param state the component's weights come from; None: the component is not written
+  config: dict | None
+  plan: list[Exported] | None
+  adjust: Callable | None    # merges the adapters into the base's kernels
+  adapters: dict | None      # {flax path: array}, written as an adapter (not merged)
+  not_written: str | None    # why the trained component is not written though the run has its weights
+
+
+def _plan_model(m: TrainedModel, source: str | None, why_not: str | None, merge_lora: bool) -> _ModelExport:
+  component = m.component
+  source_dir = os.path.join(source, component.name) if source else None
+  no_base = why_not
+  if source_dir and not os.path.isdir(os.path.join(source_dir, PARAMS_DIR)):
+    source_dir, no_base = None, f"the source checkpoint {source} has no {component.name}/{PARAMS_DIR}"
+  run_config = _read_json(m.config_path)
+  source_config = component.read_config(source_dir) if source_dir else None
+  if run_config is not None and source_config is not None:
+    _check_same_model(component, m.role, source_config, os.path.join(source_dir, component.config_name),
+                      run_config, m.config_path)
+  config = run_config if run_config is not None else source_config
+  weights_dir, adjust, adapters, not_written = m.item_dir, None, None, None
+  if m.lora is not None:
+    # The item holds adapters; the component's weights are its base's, from the source folder.
+    reader = OrbaxLeafReader(m.item_dir)
+    adapters = {p: reader.read(p) for p in reader.leaves}
+    pairs = peft_lib.adapter_pairs(adapters)
+    if merge_lora and source_dir is None:
+      raise ValueError(f"--merge_lora needs the base the adapters of {m.item_dir} were trained on: {no_base}")
+    weights_dir = os.path.join(source_dir, PARAMS_DIR) if source_dir else None
+    if merge_lora:
+      scale = float(m.lora["alpha"]) / int(m.lora["rank"])
+      adjust = lambda path, leaf: peft_lib.merge_kernel(leaf, *pairs[path], scale) if path in pairs else leaf
+  elif config is None:
+    weights_dir = None
+    not_written = (f"the trained {component.name} ({m.item_dir}) was not written: the run recorded no config of "
+                   f"its {m.role} ({m.config_path} is missing) and there is no {component.name}/"
+                   f"{component.config_name} to take instead: {no_base}")
+  plan = plan_export(component, weights_dir, config) if weights_dir else None
+  if adapters is not None and weights_dir:
+    shapes = {p: leaf.shape for p, leaf in params_lib.stored_leaves(weights_dir).items()}
+    peft_lib.check_fit(pairs, shapes, weights_dir)
+  return _ModelExport(m, source_dir, weights_dir, config, plan, adjust, None if merge_lora else adapters,
+                      not_written)
+
+
+def _adapter_dir(hf_out_dir: str, component: components_lib.Component) -> str:
+  return os.path.join(hf_out_dir, peft_lib.ADAPTERS_DIR, component.name)
+
+
+def _write_adapter(e: _ModelExport, out_dir: str) -> tuple[str, dict]:
+  """(format, summary): a diffusers model's adapter in diffusers' LoRA format (its pipeline loads it with
+  `pipe.<component>.load_lora_adapter`), a transformers model's as a PEFT adapter folder."""
+  m = e.model
+  record_name = os.path.basename(m.lora_file)
+  if m.component.library[0] == "diffusers":
+    return "diffusers LoRA", peft_lib.write_diffusers_adapter(
+        out_dir, e.adapters, m.lora, m.component.key_map(), prefix=m.component.name, record_name=record_name)
+  return "PEFT", peft_lib.write_peft_adapter(out_dir, e.adapters, m.lora, m.component.key_map(),
+                                             base_model=e.source_dir, record_name=record_name)
+
+
+def _write_model(e: _ModelExport, hf_out_dir: str, step: int, max_shard_size, log) -> dict:
+  component, exported = e.model.component, {}
+  if e.weights_dir:
+    out = os.path.join(hf_out_dir, component.name)
+    if e.source_dir is None:
+      shutil.copy2(e.model.config_path, os.path.join(out, component.config_name))
+    else:
+      # The source's files (its full config.json, the generator's generation_config.json with the sampling defaults).
+      hf_to_flax.copy_component_files(e.source_dir, out)
+      _match_dtype(os.path.join(out, component.config_name), e.plan, log)
+    exported[component.name] = export_component(component, e.weights_dir, e.config, out,
+                                                max_shard_size=max_shard_size, plan=e.plan, adjust=e.adjust)
+    what = "trained" if e.model.lora is None else ("base + merged adapters" if e.adjust else "base")
+    log(f"exported {component.name} ({what}) of step {step}: {exported[component.name]['tensors']} tensors -> "
+        f"{exported[component.name]['files']}")
+  if e.adapters is not None:
+    adapter_dir = _adapter_dir(hf_out_dir, component)
+    kind, written = _write_adapter(e, adapter_dir)
+    exported[f"{peft_lib.ADAPTERS_DIR}/{component.name}"] = written
+    log(f"wrote the {kind} adapter of step {step} ({written['modules']} modules, rank {e.model.lora['rank']}) "
+        f"-> {adapter_dir}")
+  return exported
 
 
 def _export_training(params_dir: str, config_path: str, step: int, hf_out_dir: str, source_dir: str | None,
                      max_shard_size, log, merge_lora: bool = False) -> dict:
   run_dir = os.path.dirname(config_path)
-  with open(config_path) as f:
-    run_config = json.load(f)
-  component = components_lib.get(TRAINING_COMPONENT)
-  lora = _read_lora(run_dir)
-  if merge_lora and lora is None:
-    raise ValueError(f"--merge_lora: {run_dir} holds no LoRA adapters (no {train_ckpt.LORA_FILE}); its generator "
-                     "is exported whole without it")
+  models = trained_models(params_dir, config_path)
+  if merge_lora and all(m.lora is None for m in models):
+    records = " or ".join(os.path.basename(m.lora_file) for m in models)
+    roles = " and ".join(m.role for m in models)
+    raise ValueError(f"--merge_lora: {run_dir} holds no LoRA adapters (no {records}); its {roles} "
+                     f"{'is' if len(models) == 1 else 'are'} exported whole without it")
   source, why_not = training_source(run_dir, source_dir)
-  adapters, adjust, generator_dir = None, None, params_dir
-  if lora is not None:
-    # The run's params are adapters; the generator's weights are its base's, from the source folder.
-    reader = OrbaxLeafReader(params_dir)
-    adapters = {p: reader.read(p) for p in reader.leaves}
-    pairs = peft_lib.adapter_pairs(adapters)
-    if merge_lora and source is None:
-      raise ValueError(f"--merge_lora needs the base the adapters were trained on: {why_not}")
-    generator_dir = os.path.join(source, component.name, PARAMS_DIR) if source else None
-    if merge_lora:
-      scale = float(lora["alpha"]) / int(lora["rank"])
-      adjust = lambda path, leaf: peft_lib.merge_kernel(leaf, *pairs[path], scale) if path in pairs else leaf
-  plan = plan_export(component, generator_dir, run_config) if generator_dir else None
-  others, plans = [], {}
-  if source is not None:
-    source_ar = os.path.join(source, component.name)
-    _check_same_generator(component, component.read_config(source_ar),
-                          os.path.join(source_ar, component.config_name), run_config, config_path)
-    others = [n for n in _converted_components(source) if n != component.name]
-    plans = _plan_components(source, others)
-  adapter_dir = os.path.join(hf_out_dir, peft_lib.ADAPTERS_DIR, component.name)
+  exports = [_plan_model(m, source, why_not, merge_lora) for m in models]
+  trained = {m.component.name for m in models}
+  others = [n for n in _converted_components(source) if n not in trained] if source is not None else []
+  plans = _plan_components(source, others) if source is not None else {}
   # Everything is validated before anything is written.
-  written = [component.name] if generator_dir else []
-  for n in (*written, *others):
+  for n in (*(e.model.component.name for e in exports if e.weights_dir), *others):
     _fresh_dir(os.path.join(hf_out_dir, n))
-  if adapters is not None and not merge_lora:
-    _fresh_dir(adapter_dir)
-  out = os.path.join(hf_out_dir, component.name)
+  for e in exports:
+    if e.adapters is not None:
+      _fresh_dir(_adapter_dir(hf_out_dir, e.model.component))
   exported = {}
-  if generator_dir:
-    if source is None:
-      shutil.copy2(config_path, os.path.join(out, component.config_name))
-    else:
-      # The source's files (its full config.json, generation_config.json with the sampling defaults).
-      hf_to_flax.copy_component_files(source_ar, out)
-      _match_dtype(os.path.join(out, component.config_name), plan, log)
-    exported[component.name] = export_component(component, generator_dir, run_config, out,
-                                                max_shard_size=max_shard_size, plan=plan, adjust=adjust)
-    what = "trained" if lora is None else ("base + merged adapters" if merge_lora else "base")
-    log(f"exported {component.name} ({what}) of step {step}: {exported[component.name]['tensors']} tensors -> "
-        f"{exported[component.name]['files']}")
-  if adapters is not None and not merge_lora:
-    written_adapter = peft_lib.write_peft_adapter(adapter_dir, adapters, lora, component.key_map(),
-                                                  base_model=os.path.join(source, component.name) if source else None)
-    exported[f"{peft_lib.ADAPTERS_DIR}/{component.name}"] = written_adapter
-    log(f"wrote the PEFT adapter of step {step} ({written_adapter['modules']} modules, rank {lora['rank']}) "
-        f"-> {adapter_dir}")
+  for e in exports:
+    exported.update(_write_model(e, hf_out_dir, step, max_shard_size, log))
   copied = []
   if source is not None:
     exported.update(_export_components(source, others, hf_out_dir, max_shard_size, log, plans))
     copied = hf_to_flax.copy_pipeline_files(source, hf_out_dir, log)
-  written_alone = "the PEFT adapter alone" if lora is not None else f"only {component.name}"
+  reasons = [] if source is not None else [
+      f"only {', '.join(exported)} {'was' if len(exported) == 1 else 'were'} written: {why_not}"]
+  reasons += [e.not_written for e in exports if e.not_written]
   result = {"exported": exported, "skipped": [], "copied": copied, "step": step, "source": source,
-            "incomplete_reason": None if source is not None else f"{written_alone} was written: {why_not}"}
+            "incomplete_reason": "; ".join(reasons) or None}
   return _report(result, hf_out_dir, log)
 
 
@@ -334,7 +430,11 @@ def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_di
 
   A LoRA run writes the pipeline folder of its base (the source folder) and its adapter in PEFT's
   format under `adapters/vision_language_encoder/`; with `merge_lora` the generator's weights are the
-  base's with the adapters merged in, and no adapter is written.
+  base's with the adapters merged in, and no adapter is written. A run that trained the DiT decoder
+  (`decoder_params` in the step) writes `transformer/` from it; with DiT adapters the base's
+  `transformer/` and `adapters/transformer/pytorch_lora_weights.safetensors` (diffusers' LoRA format:
+  `pipe.transformer.load_lora_adapter(<out>/adapters/transformer, prefix="transformer")`), or with
+  `merge_lora` the adapters merged into the base.
 
   Returns {"exported": {component: {"tensors", "files"}}, "skipped", "copied", "complete",
   "incomplete_reason"} plus, for a training checkpoint, "step" and "source" (the converted folder

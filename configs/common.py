@@ -79,6 +79,36 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.num_steps = 1000  # Rollout/update steps.
   c.train.micro_batch_size = 0  # Sequences per gradient micro-batch; 0 uses the whole batch at once.
   c.train.max_consecutive_nonfinite = 5  # Stop after this many consecutive NaN/inf losses or rewards.
+  # Which policies train: the AR generator (GRPO on its tokens), the DiT decoder (Flow-GRPO on its SDE steps) or
+  # both from one rollout (GLM-Image's decoupled RL). A rollout is prompts x grpo.group_size token grids x
+  # decoder.group_size decoder samples (README "Decoder RL"); "ar" alone samples as before.
+  c.train.policies = "ar"  # "ar", "decoder" or "ar+decoder".
+
+  # The decoder policy (Flow-GRPO, arXiv:2505.05470), used when train.policies includes "decoder".
+  c.decoder = ml_collections.ConfigDict()
+  c.decoder.group_size = 4  # Decoder samples per token grid (its advantages compare them), >= 2.
+  c.decoder.noise_level = 0.7  # The SDE's a: std_t = a sqrt(sigma / (1 - sigma)) (Flow-GRPO's default 0.7).
+  c.decoder.train_steps = 10  # Denoising steps of training rollouts; evaluation and generate keep sampling.dit_steps.
+  c.decoder.window_size = 2  # Consecutive SDE (trained) steps per rollout; the ODE elsewhere. train_steps: all.
+  c.decoder.window_start = -1  # First SDE step; -1 draws it per rollout uniformly in [0, train_steps - window_size].
+  c.decoder.clip_range = 1e-4  # PPO clip of the per-step ratio of mean log-probs (Flow-GRPO's 1e-4).
+  c.decoder.adv_clip_max = 5.0  # Advantages are clipped to [-adv_clip_max, adv_clip_max].
+  c.decoder.beta = 0.0  # KL weight on the step means vs the initial DiT (adapters off with DiT LoRA).
+  c.decoder.num_iterations = 1  # Decoder updates per rollout.
+  c.decoder.micro_batch_size = 0  # Samples per decoder gradient micro-batch; 0: the whole batch.
+  c.decoder.lora = ml_collections.ConfigDict()
+  c.decoder.lora.rank = 32  # DiT adapter rank; 0 = full DiT fine-tuning.
+  c.decoder.lora.alpha = 64.0  # DiT adapter scale numerator (scale = alpha / rank).
+  c.decoder.lora.targets = "dit"  # Adapted DiT layers: preset "dit" (blocks' q/k/v/out, fc1/fc2) or a regex.
+  c.decoder.optim = ml_collections.ConfigDict()
+  c.decoder.optim.learning_rate = 3e-4  # Peak AdamW learning rate of the DiT (Flow-GRPO's LoRA default).
+  c.decoder.optim.warmup_steps = 0  # Linear warmup in rollout steps.
+  c.decoder.optim.weight_decay = 1e-4  # AdamW decoupled weight decay.
+  c.decoder.optim.b1 = 0.9  # AdamW beta1.
+  c.decoder.optim.b2 = 0.999  # AdamW beta2.
+  c.decoder.optim.max_grad_norm = 1.0  # Global gradient-norm clipping threshold.
+  # The decoder's rewards (same entries as config.rewards, which are the AR policy's).
+  c.decoder.rewards = (ml_collections.ConfigDict({"name": "brightness", "weight": 1.0}),)  # {name, weight, ...}
 
   # Weighted sum, each logged. A tuple so flags can replace it whole: --config.rewards="({'name': 'saturation',
   # 'weight': 1.0},)"; one entry's field: --config.rewards[0].weight=2.0.

@@ -25,6 +25,7 @@ from glmrl.models import lora as lora_lib
 from glmrl.rewards import compose
 
 DTYPES = tuple(glm_image.DTYPES)
+POLICIES = ("ar", "decoder", "ar+decoder")
 MODES = ("train", "generate", "eval", "compile")
 
 
@@ -132,9 +133,30 @@ RULES: dict[str, Rule] = {
     "optim.b1": UNIT_OPEN,
     "optim.b2": UNIT_OPEN,
     "optim.max_grad_norm": POSITIVE,
+    "decoder.optim.learning_rate": POSITIVE,
+    "decoder.optim.warmup_steps": integer(0),
+    "decoder.optim.weight_decay": NON_NEGATIVE,
+    "decoder.optim.b1": UNIT_OPEN,
+    "decoder.optim.b2": UNIT_OPEN,
+    "decoder.optim.max_grad_norm": POSITIVE,
     "train.num_steps": integer(1),
     "train.micro_batch_size": integer(0, why="must be >= 0 (0 uses the whole batch at once)"),
     "train.max_consecutive_nonfinite": integer(1),
+    "train.policies": choice(*POLICIES),
+    "decoder.group_size": integer(2, why="must be at least 2 (advantages are relative to the group)"),
+    "decoder.noise_level": POSITIVE,
+    "decoder.train_steps": integer(1),
+    "decoder.window_size": integer(1),
+    "decoder.window_start": Rule(int, lambda v: v >= -1, "must be -1 (random per rollout) or a step index >= 0"),
+    "decoder.clip_range": POSITIVE,
+    "decoder.adv_clip_max": POSITIVE,
+    "decoder.beta": NON_NEGATIVE,
+    "decoder.num_iterations": integer(1),
+    "decoder.micro_batch_size": integer(0, why="must be >= 0 (0 uses the whole batch at once)"),
+    "decoder.lora.rank": integer(0, why="must be >= 0 (0: full DiT fine-tuning)"),
+    "decoder.lora.alpha": NON_NEGATIVE,
+    "decoder.lora.targets": Rule(str, _lora_targets_ok,
+                                 f"must be a preset {sorted(lora_lib.TARGET_PRESETS)} or a valid regex"),
     "normalize_rewards_per_group": BOOL,
     "mesh.data": MESH_AXIS,
     "mesh.fsdp": MESH_AXIS,
@@ -154,7 +176,7 @@ def leaves(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
   out = {}
   for key in cfg.keys():
     value = cfg[key]
-    if key == "rewards" and not prefix:
+    if key == "rewards" and prefix in ("", "decoder."):
       continue
     if isinstance(value, ml_collections.ConfigDict):
       out.update(leaves(value, f"{prefix}{key}."))
@@ -168,11 +190,11 @@ def _check(ok: bool, key: str, value, why: str) -> None:
     raise ConfigError(f"{key}={value!r}: {why}")
 
 
-def _check_rewards(rewards) -> None:
-  _check(isinstance(rewards, (list, tuple)) and len(rewards) > 0, "config.rewards", rewards,
+def _check_rewards(rewards, where: str = "config.rewards") -> None:
+  _check(isinstance(rewards, (list, tuple)) and len(rewards) > 0, where, rewards,
          "must be a non-empty list of {'name': ..., 'weight': ...} entries")
   for i, entry in enumerate(rewards):
-    key = f"config.rewards[{i}]"
+    key = f"{where}[{i}]"
     entry = entry.to_dict() if hasattr(entry, "to_dict") else entry
     _check(isinstance(entry, dict), key, entry, "must be a mapping with a name and a weight")
     unknown = sorted(set(entry) - set(compose.ENTRY_KEYS))
@@ -186,6 +208,22 @@ def _check_rewards(rewards) -> None:
     _check(isinstance(entry.get("normalize", False), bool), f"{key}.normalize", entry.get("normalize"),
            "must be True or False")
     _check(isinstance(entry.get("kwargs") or {}, dict), f"{key}.kwargs", entry.get("kwargs"), "must be a mapping")
+    for name, value in (entry.get("kwargs") or {}).items():
+      if value is None:
+        raise ConfigError(f"{key}.kwargs.{name} is required but has no value (pass --{key}.kwargs.{name}=...)")
+
+
+def _check_decoder(cfg, values) -> None:
+  """The decoder policy's fields that span several (its window within its steps, what it cannot train yet)."""
+  _check_rewards(cfg.decoder.get("rewards"), "config.decoder.rewards")
+  steps, size, start = values["decoder.train_steps"], values["decoder.window_size"], values["decoder.window_start"]
+  _check(size <= steps, "config.decoder.window_size", size,
+         f"must be <= config.decoder.train_steps={steps} (the SDE window lies within the denoising steps)")
+  _check(start <= steps - size, "config.decoder.window_start", start,
+         f"must be -1 or in [0, {steps - size}] (train_steps - window_size): the window ends within the steps")
+  _check(values["data.mode"] == "t2i", "config.data.mode", values["data.mode"],
+         f"the decoder policy (config.train.policies={values['train.policies']!r}) trains text-to-image only: its "
+         "update does not read the condition images' DiT cache yet")
 
 
 def _check_file(key: str, path: str) -> None:
@@ -206,9 +244,13 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
       rule.check(f"config.{key}", values[key])
   _check_rewards(cfg.get("rewards"))
 
-  if values["lora.rank"]:
-    _check(values["lora.alpha"] > 0, "config.lora.alpha", values["lora.alpha"],
-           f"must be > 0 with config.lora.rank={values['lora.rank']} (the update is scaled by alpha / rank)")
+  for prefix in ("", "decoder."):
+    if values[f"{prefix}lora.rank"]:
+      _check(values[f"{prefix}lora.alpha"] > 0, f"config.{prefix}lora.alpha", values[f"{prefix}lora.alpha"],
+             f"must be > 0 with config.{prefix}lora.rank={values[f'{prefix}lora.rank']} (the update is scaled by "
+             "alpha / rank)")
+  if "decoder" in values["train.policies"]:
+    _check_decoder(cfg, values)
 
   mesh = {a: values[f"mesh.{a}"] for a in ("data", "fsdp", "tensor")}
   _check(list(mesh.values()).count(-1) <= 1, "config.mesh", mesh, "at most one axis may be -1")
@@ -217,6 +259,8 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
     _check(jax.default_backend() == "gpu", "config.model.dit_attention", "cudnn",
            f"cuDNN flash attention needs NVIDIA GPUs; this run's backend is {jax.default_backend()!r} (use 'xla')")
   if mode == "compile":
+    _check(values["train.policies"] == "ar", "config.train.policies", values["train.policies"],
+           "--mode=compile lowers the AR policy's programs only; the decoder update is not lowered yet")
     _check(bool(values["compile.topology"]), "config.compile.topology", values["compile.topology"],
            "--mode=compile needs a target slice, e.g. --config.compile.topology=v5p-64")
     _check(not values["model.checkpoint_dir"] or os.path.isdir(values["model.checkpoint_dir"]),

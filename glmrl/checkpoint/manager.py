@@ -29,6 +29,15 @@ from glmrl.errors import UserError
 AR_CONFIG_FILE = "ar_config.json"
 SOURCE_FILE = "source.json"
 LORA_FILE = "lora.json"
+# Decoder RL (config.train.policies with "decoder"): the DiT's trained state is its own item of each step,
+# with the DiT's paths (a converted `transformer/params`): the whole DiT, or with DiT LoRA its adapters only,
+# whose settings and base are recorded in decoder_lora.json (the same record as lora.json).
+DECODER_PARAMS = "decoder_params"
+DECODER_OPT_STATE = "decoder_opt_state"
+DECODER_LORA_FILE = "decoder_lora.json"
+# The trained DiT's diffusers `transformer/config.json` dict (`DiTConfig.to_hf()`): the export writes the
+# trained DiT with it when the run has no source folder to take transformer/config.json from.
+DIT_CONFIG_FILE = "dit_config.json"
 UNREADABLE_DIR = "unreadable"
 # Longest error summary quoted per step (TensorStore messages embed whole specs).
 _SUMMARY_CHARS = 400
@@ -64,11 +73,13 @@ def read_source(directory: str) -> str | None:
   return value
 
 
-def check_adapters(directory: str, adapters: dict | None, has_steps: bool) -> None:
+def check_adapters(directory: str, adapters: dict | None, has_steps: bool, file: str = LORA_FILE) -> None:
   """The run's adapters (`{"rank", "alpha", "targets", "base": {"checkpoint_dir", "fingerprint"}}`, or
   None for full fine-tuning) must be those `directory`'s checkpoints were trained with: adapters never
-  resume onto another base, and full fine-tuning and adapter checkpoints never mix."""
-  path = os.path.join(directory, LORA_FILE)
+  resume onto another base, and full fine-tuning and adapter checkpoints never mix. `file`: the record
+  (lora.json of the AR generator, `DECODER_LORA_FILE` of the DiT)."""
+  path = os.path.join(directory, file)
+  section = "config.decoder.lora" if file == DECODER_LORA_FILE else "config.lora"
   recorded = None
   if os.path.isfile(path):
     with open(path) as f:
@@ -77,10 +88,10 @@ def check_adapters(directory: str, adapters: dict | None, has_steps: bool) -> No
     return
   if recorded is None:
     raise CheckpointError(f"{directory} holds full fine-tuning checkpoints but this run trains LoRA adapters "
-                          "(config.lora.rank > 0): use a new --workdir")
+                          f"({section}.rank > 0): use a new --workdir")
   if adapters is None:
     raise CheckpointError(f"{directory} holds LoRA adapter checkpoints ({path}: rank {recorded.get('rank')}) but "
-                          "this run is full fine-tuning (config.lora.rank=0): set the same config.lora, or use a "
+                          f"this run is full fine-tuning ({section}.rank=0): set the same {section}, or use a "
                           "new --workdir")
   if recorded.get("base") != adapters.get("base"):
     raise CheckpointError(f"refusing to resume: the adapters in {directory} were trained on the base "
@@ -95,17 +106,24 @@ class TrainCheckpointer:
   """CheckpointManager with async saves every `save_interval` steps, keeping the last `max_to_keep`."""
 
   def __init__(self, workdir: str, save_interval: int, max_to_keep: int, ar_hf_config: dict | None = None,
-               source_checkpoint_dir: str | None = None, adapters: dict | None = None):
+               source_checkpoint_dir: str | None = None, adapters: dict | None = None,
+               decoder_adapters: dict | None = None, trains_decoder: bool = False, dit_hf_config: dict | None = None):
     """`source_checkpoint_dir`: the converted folder the run's models come from ("" for a random
     preset); recorded in source.json so the export can write a complete pipeline folder.
     `adapters`: a LoRA run's adapter settings and base identity (`check_adapters`), recorded in
-    lora.json; its `params` items then hold the adapters only."""
+    lora.json; its `params` items then hold the adapters only. `trains_decoder`: the run trains the DiT
+    (its `DECODER_PARAMS` items), with DiT LoRA `decoder_adapters` recorded in decoder_lora.json."""
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     os.makedirs(self.directory, exist_ok=True)
     # Before anything is written: a mismatch leaves the folder as it was.
-    check_adapters(self.directory, adapters, bool(saved_steps(workdir)))
+    has_steps = bool(saved_steps(workdir))
+    check_adapters(self.directory, adapters, has_steps)
+    if trains_decoder:
+      check_adapters(self.directory, decoder_adapters, has_steps, DECODER_LORA_FILE)
     if ar_hf_config is not None:
       write_json_atomic(os.path.join(self.directory, AR_CONFIG_FILE), ar_hf_config)
+    if dit_hf_config is not None:  # the trained DiT's architecture, for an export without a source folder
+      write_json_atomic(os.path.join(self.directory, DIT_CONFIG_FILE), dit_hf_config)
     if source_checkpoint_dir is not None:
       source = os.path.abspath(source_checkpoint_dir) if source_checkpoint_dir else ""
       write_json_atomic(os.path.join(self.directory, SOURCE_FILE), {"checkpoint_dir": source})
@@ -113,41 +131,51 @@ class TrainCheckpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(
             save_interval_steps=save_interval, max_to_keep=max_to_keep, enable_async_checkpointing=True),
-        item_names=("params", "opt_state", "rng", "meta"))
+        item_names=("params", "opt_state", "rng", "meta", DECODER_PARAMS, DECODER_OPT_STATE))
     if adapters is not None:
       write_json_atomic(os.path.join(self.directory, LORA_FILE), adapters)
+    if decoder_adapters is not None:
+      write_json_atomic(os.path.join(self.directory, DECODER_LORA_FILE), decoder_adapters)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def save(self, step: int, params, opt_state, rng_key, meta: dict, *, force: bool = False) -> bool:
-    """Saves (asynchronously) if `step` is on the interval or `force`; returns whether it saved."""
+  def save(self, step: int, params, opt_state, rng_key, meta: dict, *, extra: dict | None = None,
+           force: bool = False) -> bool:
+    """Saves (asynchronously) if `step` is on the interval or `force`; returns whether it saved.
+
+    `params` / `opt_state` None: not saved (a run that does not train the AR generator). `extra`: more
+    items by name (the decoder's, `DECODER_PARAMS` and `DECODER_OPT_STATE`)."""
+    items = {k: v for k, v in (("params", params), ("opt_state", opt_state), *(extra or {}).items())
+             if v is not None}
     return self.manager.save(
         step,
         args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params),
-            opt_state=ocp.args.StandardSave(opt_state),
+            **{k: ocp.args.StandardSave(v) for k, v in items.items()},
             # The key is the same on every process: stored as host data (written once), not a device array.
             rng=ocp.args.StandardSave({"key_data": np.asarray(jax.random.key_data(rng_key))}),
             meta=ocp.args.JsonSave(meta)),
         force=force)
 
-  def restore(self, step: int, abstract_params, abstract_opt_state, abstract_rng_key):
-    """Restores onto the shardings carried by the abstract trees; returns (params, opt_state, key, meta)."""
+  def restore(self, step: int, abstract_params, abstract_opt_state, abstract_rng_key, abstract_extra=None):
+    """Restores onto the shardings carried by the abstract trees; returns (params, opt_state, key, meta, extra)
+    (None for an item whose abstract tree is None)."""
     abstract_key_data = jax.eval_shape(jax.random.key_data, abstract_rng_key)
     key_data = np.zeros(abstract_key_data.shape, abstract_key_data.dtype)
+    items = {k: v for k, v in (("params", abstract_params), ("opt_state", abstract_opt_state),
+                               *(abstract_extra or {}).items()) if v is not None}
     restored = self.manager.restore(
         step,
         args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract_params),
-            opt_state=ocp.args.StandardRestore(abstract_opt_state),
+            **{k: ocp.args.StandardRestore(v) for k, v in items.items()},
             rng=ocp.args.StandardRestore({"key_data": key_data}),
             meta=ocp.args.JsonRestore()))
     key = jax.random.wrap_key_data(np.asarray(restored.rng["key_data"]), impl=jax.random.key_impl(abstract_rng_key))
-    return restored.params, restored.opt_state, key, restored.meta
+    get = lambda k: restored[k] if k in items else None
+    return get("params"), get("opt_state"), key, restored.meta, {k: get(k) for k in (abstract_extra or {})}
 
-  def restore_latest(self, abstract_params, abstract_opt_state, abstract_rng_key):
-    """(step, params, opt_state, key, meta) of the newest step that restores, or None without steps.
+  def restore_latest(self, abstract_params, abstract_opt_state, abstract_rng_key, abstract_extra=None):
+    """(step, params, opt_state, key, meta, extra) of the newest step that restores, or None without steps.
 
     A step that fails to restore is logged (step, path, error) and the next older one is tried.
     Once one restores, the newer unreadable steps are moved into `unreadable/` (kept for
@@ -158,7 +186,7 @@ class TrainCheckpointer:
     """
     step, restored, failures = restore_newest(
         self.directory, self.manager.all_steps(),
-        lambda s: self.restore(s, abstract_params, abstract_opt_state, abstract_rng_key))
+        lambda s: self.restore(s, abstract_params, abstract_opt_state, abstract_rng_key, abstract_extra))
     if step is None:
       return None
     for bad, _ in failures:
@@ -222,27 +250,27 @@ def saved_steps(workdir: str) -> list[int]:
   return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(directory) else []
 
 
-def restore_trained_params(workdir: str, like_state):
+def restore_trained_params(workdir: str, like_state, item: str = "params"):
   """(params state, step) of the newest training checkpoint in `<workdir>/checkpoints` that restores,
   or (None, None) without checkpoints.
 
-  Only the `params` item is read, onto the shardings and dtypes of `like_state`. An unreadable step
+  Only the `item` item ("params", or `DECODER_PARAMS`) is read, onto the shardings and dtypes of `like_state`. An unreadable step
   is reported and the next older one tried; nothing is moved or changed (sampling and evaluation
   are read-only: the training run sets unreadable steps aside). CheckpointError when none restores.
   """
   directory = os.path.join(os.path.abspath(workdir), "checkpoints")
   if not os.path.isdir(directory):
     return None, None
-  manager = ocp.CheckpointManager(directory, item_names=("params",),
+  manager = ocp.CheckpointManager(directory, item_names=(item,),
                                   options=ocp.CheckpointManagerOptions(read_only=True, create=False))
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like_state)
   try:
     step, restored, _ = restore_newest(
         directory, manager.all_steps(),
-        lambda s: manager.restore(s, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract))))
+        lambda s: manager.restore(s, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(abstract)})))
   finally:
     manager.close()
-  return (None, None) if step is None else (restored.params, step)
+  return (None, None) if step is None else (restored[item], step)
 
 
 def describe_failure(step_path: str, error: BaseException) -> str:

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from glmrl.grpo._checks import is_static, same_shape
+from glmrl.grpo.loss import policy_loss
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -247,3 +248,36 @@ def mean_kl(mu, mu_ref, step_std):
   sq = jnp.square(mu.astype(jnp.float32) - mu_ref.astype(jnp.float32))
   sq_B = jnp.mean(sq, axis=axes) if axes else sq
   return sq_B / (2.0 * jnp.square(std_B))
+
+
+def flow_policy_loss(logp_B, old_logp_B, advantages_B, mask_B, *, clip_range, adv_clip_max, kl_B=None, beta=0.0):
+  """Flow-GRPO's loss terms of one trained timestep: (numerator, denominator, aux) of a token-mean.
+
+  Per sample: max(-A r, -A clip(r, 1 - clip_range, 1 + clip_range)) + beta KL, with r = exp(logp -
+  old_logp), A the advantage clipped to [-adv_clip_max, adv_clip_max] and KL `mean_kl` (the reference
+  train_sd3.py lines 884-896: `advantages` clipped by `adv_clip_max`, `ratio`, `unclipped_loss`,
+  `clipped_loss`, `policy_loss + beta * kl_loss`). The reference averages each timestep's terms over the
+  batch and accumulates the gradient over timesteps (equal weights); here numerator = sum over samples of
+  mask x term and denominator = sum(mask): summed over the timesteps and micro-batches of an update
+  and divided once, it is the mean over every (sample, timestep), which equals the reference's average
+  when every step holds the same samples, and lets a masked (dropped) group out of every term exactly.
+
+  The surrogate is `glmrl.grpo.policy_loss` on [B, 1] "tokens" (aggregation "token_mean", symmetric
+  clip); the KL is added here since it is the closed-form Gaussian one, not a log-prob estimator.
+  aux holds policy_loss's statistics plus "kl_mean" (masked mean of kl_B, 0 without it), its "numerator"
+  the returned one (KL included).
+  """
+  logp_B, old_logp_B = jnp.asarray(logp_B), jnp.asarray(old_logp_B)
+  if logp_B.ndim != 1:
+    raise ValueError(f"logp must be [B], one log-prob per sample of one timestep, got {tuple(logp_B.shape)}")
+  advantages = jnp.clip(jnp.asarray(advantages_B, jnp.float32), -adv_clip_max, adv_clip_max)
+  mask_B = jnp.asarray(mask_B, jnp.float32)
+  _, aux = policy_loss(logp_B[:, None], old_logp_B[:, None], advantages, mask_B[:, None],
+                       epsilon_low=clip_range, epsilon_high=clip_range, aggregation="token_mean")
+  numerator = aux["numerator"]
+  if kl_B is not None:
+    kl_B = jnp.asarray(kl_B, jnp.float32)
+    same_shape("kl", kl_B, "logp", logp_B)
+    numerator = numerator + jnp.asarray(beta, jnp.float32) * jnp.sum(kl_B * mask_B)
+    aux = dict(aux, kl_mean=jnp.sum(kl_B * mask_B) / jnp.maximum(jnp.sum(mask_B), 1.0))
+  return numerator, aux["denominator"], dict(aux, numerator=numerator)

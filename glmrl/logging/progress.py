@@ -20,6 +20,9 @@ SHOWN = (
 )
 
 
+POLICY_PREFIXES = ("", "ar/", "decoder/")
+
+
 def _clock(seconds: float) -> str:
   return str(datetime.timedelta(seconds=int(round(seconds))))
 
@@ -44,16 +47,18 @@ class Progress:
       eta = elapsed * (self.num_steps - step)
     else:
       eta = (now - self._t1) / (done - 1) * (self.num_steps - step)
-    reward = scalars.get("reward/mean")
+    # A run's first policy ("" for an AR-only run, else "ar/" or "decoder/") is the one shown.
+    prefix = next((p for p in POLICY_PREFIXES if f"{p}loss" in scalars), "")
+    reward = scalars.get(f"{prefix}reward/mean")
     if reward is not None and math.isfinite(reward):
       self.first_reward = reward if self.first_reward is None else self.first_reward
       self.last_reward = reward
     parts = [f"step {step}/{self.num_steps}", f"{_clock(elapsed)} elapsed, ETA {_clock(eta)}"]
     for key, label, fmt in SHOWN:
-      value = scalars.get(key)
+      value = scalars.get(prefix + key)
       if value is not None and math.isfinite(value):
-        parts.append(f"{label} {fmt.format(value)}")
-    lo, hi = scalars.get("ratio/min"), scalars.get("ratio/max")
+        parts.append(f"{prefix}{label} {fmt.format(value)}")
+    lo, hi = scalars.get(f"{prefix}ratio/min"), scalars.get(f"{prefix}ratio/max")
     if lo is not None and hi is not None:
       parts.append(f"ratio [{lo:.4f}, {hi:.4f}]")
     if scalars.get("time/step") is not None:

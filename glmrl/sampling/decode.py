@@ -46,12 +46,12 @@ class Conditioning:
 
 @dataclasses.dataclass(frozen=True)
 class SdeWindow:
-  """Flow-GRPO's stochastic steps: `size` consecutive SDE steps from step `start` (the trained timesteps),
-  the ODE's Euler steps elsewhere. `noise_level` is the SDE's a (`glmrl.grpo.flow`)."""
+  """Flow-GRPO's stochastic steps: `size` consecutive SDE steps (the trained timesteps), the ODE's Euler
+  steps elsewhere. `noise_level` is the SDE's a (`glmrl.grpo.flow`). Where the window starts is data
+  (`denoise`'s `window_start`, a traced step index), so a window that moves between rollouts
+  (Flow-GRPO-Fast / MixGRPO) runs one compiled program."""
   noise_level: float
-  start: int
   size: int
-
 
 @struct.dataclass
 class Trajectory:
@@ -62,43 +62,61 @@ class Trajectory:
   sampler_logp: jax.Array
 
 
+def merge_dit(dit_def, dit_state):
+  """The DiT of a state, or of a tuple of states (DiT LoRA: (adapters, base))."""
+  return nnx.merge(dit_def, *dit_state) if isinstance(dit_state, tuple) else nnx.merge(dit_def, dit_state)
+
+
 @functools.partial(jax.jit, static_argnames=("dit_def", "vae_def", "sde"))
 def denoise_and_decode(dit_def, dit_state, vae_def, vae_state, cond: Conditioning, latents_BxCxhxw,
                        model_timesteps_S, sigmas_S1, guidance_scale, target_size_Bx2, crop_Bx2,
-                       source_cache: kvc.DiTKVCache | None = None, sde: SdeWindow | None = None, noise_keys_B=None):
+                       source_cache: kvc.DiTKVCache | None = None, sde: SdeWindow | None = None, noise_keys_B=None,
+                       window_start=0):
   """Runs the S denoising steps from `latents` and decodes: (uint8 images [B, H, W, 3], latents), plus the
-  SDE window's Trajectory when `sde` is given (its noise drawn from `noise_keys_B`, one key per sample)."""
-  dit = nnx.merge(dit_def, dit_state)
+  SDE window's Trajectory when `sde` is given (its noise drawn from `noise_keys_B`, one key per sample,
+  the window starting at step `window_start`). `dit_state`: a state or a tuple of states."""
+  dit = merge_dit(dit_def, dit_state)
   vae = nnx.merge(vae_def, vae_state)
   out = denoise(dit, cond, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
-                target_size_Bx2, crop_Bx2, source_cache, sde=sde, noise_keys_B=noise_keys_B)
+                target_size_Bx2, crop_Bx2, source_cache, sde=sde, noise_keys_B=noise_keys_B,
+                window_start=window_start)
   latents = out[0] if sde is not None else out
   images = to_uint8(vae.decode_normalized(jnp.transpose(latents, (0, 2, 3, 1)).astype(vae.cfg.dtype)))
   return (images, latents, out[1]) if sde is not None else (images, latents)
 
 
-def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
-            target_size_Bx2, crop_Bx2, source_cache=None, *, sde: SdeWindow | None = None, noise_keys_B=None):
-  """The pipeline's Euler loop with CFG: v = v_u + g (v_c - v_u); x <- x + (s' - s) v.
-
-  With `sde`, the window's steps are Flow-GRPO's SDE steps instead (`glmrl.grpo.flow.sde_step`, noise
-  eps ~ N(0, I) drawn per sample and step from fold_in(key, step)); returns (latents, Trajectory).
-  """
-  batch = latents_BxCxhxw.shape[0]
-  drop_uncond = jnp.ones((batch, 1), bool)
+def guided_velocity(dit, cond: Conditioning, x_BxCxhxw, t, guidance_scale, target_size_Bx2, crop_Bx2,
+                    source_cache=None):
+  """The CFG-guided velocity v = v_u + g (v_c - v_u) at timestep t (float32): the conditional branch (prior
+  tokens, glyph embeddings, source cache read) and the unconditional one (prior tokens dropped, the empty
+  prompt's glyph embedding, cache skipped), as the reference pipeline. The sampler and the decoder policy
+  update both call this one function."""
+  batch = x_BxCxhxw.shape[0]
   read = "read" if source_cache is not None else None
   skip = "skip" if source_cache is not None else None
 
-  def velocity(x, t, glyph, mask, drop, mode):
-    out = dit(x, cond.prior_ids_BxX, glyph, jnp.full((batch,), t), target_size_Bx2, crop_Bx2,
+  def velocity(glyph, mask, drop, mode):
+    out = dit(x_BxCxhxw, cond.prior_ids_BxX, glyph, jnp.full((batch,), t), target_size_Bx2, crop_Bx2,
               prior_token_drop=drop, glyph_mask=mask, kv_cache=source_cache, cache_mode=mode)
     return (out[0] if mode else out).astype(jnp.float32)
 
+  v_cond = velocity(cond.glyph_BxSxD, cond.glyph_mask_BxS, False, read)
+  v_uncond = velocity(cond.neg_glyph_BxSxD, cond.neg_glyph_mask_BxS, jnp.ones((batch, 1), bool), skip)
+  return v_uncond + guidance_scale * (v_cond - v_uncond)
+
+
+def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
+            target_size_Bx2, crop_Bx2, source_cache=None, *, sde: SdeWindow | None = None, noise_keys_B=None,
+            window_start=0):
+  """The pipeline's Euler loop with CFG (`guided_velocity`): x <- x + (s' - s) v.
+
+  With `sde`, the window's steps (from step `window_start`, a traced index) are Flow-GRPO's SDE steps
+  instead (`glmrl.grpo.flow.sde_step`, noise eps ~ N(0, I) drawn per sample and step from
+  fold_in(key, step)); returns (latents, Trajectory).
+  """
   def guided(i, x):
-    t = model_timesteps_S[i]
-    v_cond = velocity(x, t, cond.glyph_BxSxD, cond.glyph_mask_BxS, False, read)
-    v_uncond = velocity(x, t, cond.neg_glyph_BxSxD, cond.neg_glyph_mask_BxS, drop_uncond, skip)
-    return v_uncond + guidance_scale * (v_cond - v_uncond)
+    return guided_velocity(dit, cond, x, model_timesteps_S[i], guidance_scale, target_size_Bx2, crop_Bx2,
+                           source_cache)
 
   def step(i, x):
     return euler_step_at(sigmas_S1, i, x, guided(i, x))
@@ -106,15 +124,20 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_
   x0 = latents_BxCxhxw.astype(jnp.float32)
   if sde is None:
     return jax.lax.fori_loop(0, model_timesteps_S.shape[0], step, x0)
-  if not 0 <= sde.start <= sde.start + sde.size <= model_timesteps_S.shape[0] or sde.size < 1:
-    raise ValueError(f"SDE window {sde} does not lie within the {model_timesteps_S.shape[0]} denoising steps")
+  num_steps = model_timesteps_S.shape[0]
+  if not 1 <= sde.size <= num_steps:
+    raise ValueError(f"SDE window {sde} does not lie within the {num_steps} denoising steps")
+  if not isinstance(window_start, jax.core.Tracer) and not 0 <= int(window_start) <= num_steps - sde.size:
+    raise ValueError(f"window_start={int(window_start)}: an SDE window of {sde.size} steps starts in "
+                     f"[0, {num_steps - sde.size}] of {num_steps} denoising steps")
+  start = jnp.asarray(window_start, jnp.int32)
 
   def sde_step(i, carry):
     x, record = carry
     v = guided(i, x)
     eps = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, i), x.shape[1:], jnp.float32))(noise_keys_B)
     x_next, logp_B = flow.sde_step(x, v, sigmas_S1[i], sigmas_S1[i + 1], sde.noise_level, eps)
-    w = i - sde.start
+    w = i - start
     record = Trajectory(record.latents_before.at[w].set(x), record.latents_after.at[w].set(x_next),
                         record.sampler_logp.at[w].set(logp_B))
     return x_next, record
@@ -122,9 +145,10 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_
   shape = (sde.size,) + x0.shape
   record = Trajectory(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32),
                       jnp.zeros((sde.size, x0.shape[0]), jnp.float32))
-  x = jax.lax.fori_loop(0, sde.start, step, x0)
-  x, record = jax.lax.fori_loop(sde.start, sde.start + sde.size, sde_step, (x, record))
-  x = jax.lax.fori_loop(sde.start + sde.size, model_timesteps_S.shape[0], step, x)
+  # Traced bounds: while loops (the sampler is never differentiated).
+  x = jax.lax.fori_loop(0, start, step, x0)
+  x, record = jax.lax.fori_loop(start, start + sde.size, sde_step, (x, record))
+  x = jax.lax.fori_loop(start + sde.size, num_steps, step, x)
   return x, record
 
 
@@ -138,7 +162,7 @@ def write_source_cache(dit_def, dit_state, vae_def, vae_state, images_PxGxhxwx3,
   timestep 0 with no glyph tokens and no prior token dropped, the image's own size as target
   size and a zero crop; a prompt's images follow each other in its slot.
   """
-  dit = nnx.merge(dit_def, dit_state)
+  dit = merge_dit(dit_def, dit_state)
   vae = nnx.merge(vae_def, vae_state)
   p, n, h, w, c = images_PxGxhxwx3.shape
   rows = p * n

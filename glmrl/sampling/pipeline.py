@@ -155,11 +155,18 @@ class GlmImagePipeline:
     self.configs, self.models, self.processor = configs, models, processor
     self.mesh = mesh
     self.glyph_tokenizer, self.spec = glyph_tokenizer, spec
-    sched = scheduler.glm_image_schedule(spec.dit_steps, spec.height, spec.width, configs.scheduler,
-                                         vae_scale_factor=configs.vae.scale_factor, patch_size=configs.dit.patch_size)
-    self.model_timesteps = jnp.asarray(sched.model_timesteps)
-    self.sigmas = jnp.asarray(sched.sigmas)
+    self._schedules = {}
+    self.model_timesteps, self.sigmas = self.schedule(spec.dit_steps)
     self._neg_glyph = None
+
+  def schedule(self, steps: int) -> tuple[jax.Array, jax.Array]:
+    """(model timesteps [S], sigmas [S + 1]) of the reference schedule with `steps` denoising steps."""
+    if steps not in self._schedules:
+      c = self.configs
+      sched = scheduler.glm_image_schedule(steps, self.spec.height, self.spec.width, c.scheduler,
+                                           vae_scale_factor=c.vae.scale_factor, patch_size=c.dit.patch_size)
+      self._schedules[steps] = (jnp.asarray(sched.model_timesteps), jnp.asarray(sched.sigmas))
+    return self._schedules[steps]
 
   # ---------------------------------------------------------------- host side
   def prepare(self, prompts, source_images=None, ar_params=None) -> Prepared:
@@ -276,43 +283,63 @@ class GlmImagePipeline:
       return self.shard_batch(jnp.repeat(jax.random.normal(key, (num_prompts, *shape)), group_size, axis=0))
     return self.shard_batch(jax.random.normal(key, (num_prompts * group_size, *shape)))
 
-  def source_cache(self, prepared: Prepared):
+  def source_cache(self, prepared: Prepared, dit_params=None):
     """Image-to-image: the DiT KV cache of the condition images, one slot per prompt (None for t2i)."""
     if prepared.source_images is None:
       return None
     p, n, th, tw = prepared.source_ids.shape
     prior_PxGxX = decode.upsample_prior_tokens(jnp.asarray(prepared.source_ids).reshape(p * n, th, tw))
-    dit_def, dit_params = self.models["dit"]
+    dit_def, dit_params = self.models["dit"][0], self.dit_params(dit_params)
     vae_def, vae_params = self.models["vae"]
     with sharding_lib.use_mesh(self.mesh):
       return decode.write_source_cache(dit_def, dit_params, vae_def, vae_params,
                                        jnp.asarray(prepared.source_images), prior_PxGxX.reshape(p, n, -1))
 
-  def decode_tokens(self, prepared: Prepared, target_Bxhxw, latents, group_size: int, source_cache=None):
-    """Denoise from `latents` conditioned on the target-grid tokens and decode: (uint8 images, latents).
-
-    The batch is decoded in chunks of `spec.decode_batch` samples by one compiled program (the
-    attention of a 1024^2 DiT step over a whole rollout would not fit); rows do not interact, so the
-    result is the whole batch's. Each chunk is re-spread over the mesh's batch axes.
-    """
+  def conditioning(self, prepared: Prepared, target_Bxhxw, group_size: int) -> tuple:
+    """(DiT Conditioning, target sizes [B, 2], crops [B, 2]) of `group_size` rows per prompt."""
     glyph, mask, neg, neg_mask = self.glyph_embeddings(prepared, group_size)
     cond = decode.Conditioning(decode.upsample_prior_tokens(target_Bxhxw), glyph, mask, neg, neg_mask)
     b = target_Bxhxw.shape[0]
     target_size = jnp.tile(jnp.array([[self.spec.height, self.spec.width]], jnp.float32), (b, 1))
-    crop = jnp.zeros((b, 2), jnp.float32)
+    return cond, target_size, jnp.zeros((b, 2), jnp.float32)
+
+  def dit_params(self, dit_params=None):
+    """`dit_params` (a state or a tuple of states, e.g. (adapters, base)) or the pipeline's own DiT state."""
+    if dit_params is not None:
+      return dit_params
+    if self.models["dit"][1] is None:
+      raise ValueError("this pipeline holds no DiT parameters (a decoder RL run owns them): pass dit_params")
+    return self.models["dit"][1]
+
+  def decode_tokens(self, prepared: Prepared, target_Bxhxw, latents, group_size: int, source_cache=None, *,
+                    dit_params=None, steps: int | None = None, sde: decode.SdeWindow | None = None,
+                    window_start=0, noise_keys_B=None):
+    """Denoise from `latents` conditioned on the target-grid tokens and decode: (uint8 images, latents),
+    and the SDE window's `decode.Trajectory` ([W, B, ...]) when `sde` is given.
+
+    `group_size`: rows per prompt. `steps`: denoising steps (default the spec's `dit_steps`).
+    `sde`, `window_start`, `noise_keys_B`: Flow-GRPO's SDE window (`decode.denoise`).
+    The batch is decoded in chunks of `spec.decode_batch` samples by one compiled program (the
+    attention of a 1024^2 DiT step over a whole rollout would not fit); rows do not interact, so the
+    result is the whole batch's. Each chunk is re-spread over the mesh's batch axes.
+    """
+    cond, target_size, crop = self.conditioning(prepared, target_Bxhxw, group_size)
+    b = target_Bxhxw.shape[0]
     chunk = self.spec.decode_batch or b
     check_decode_batch(chunk, b, group_size)
-    dit_def, dit_params = self.models["dit"]
+    dit_def = self.models["dit"][0]
+    dit_params = self.dit_params(dit_params)
     vae_def, vae_params = self.models["vae"]
-    def run(cond, latents, size, crop, cache):
+    timesteps, sigmas = self.schedule(steps or self.spec.dit_steps)
+    def run(cond, latents, size, crop, cache, keys):
       with sharding_lib.use_mesh(self.mesh):
         return decode.denoise_and_decode(dit_def, dit_params, vae_def, vae_params, cond, latents,
-                                         self.model_timesteps, self.sigmas, self.spec.guidance_scale, size, crop,
-                                         cache)
+                                         timesteps, sigmas, self.spec.guidance_scale, size, crop,
+                                         cache, sde, keys, window_start)
 
     if chunk == b:
-      return run(cond, latents, target_size, crop, source_cache)
-    images, out_latents = [], []
+      return run(cond, latents, target_size, crop, source_cache, noise_keys_B)
+    outs = []
     for start in range(0, b, chunk):
       part = lambda x: self.shard_batch(x[start:start + chunk])
       cache = None
@@ -320,12 +347,16 @@ class GlmImagePipeline:
         first, last = start // group_size, -(-(start + chunk) // group_size)
         cache = source_cache._replace(k=source_cache.k[:, first:last], v=source_cache.v[:, first:last],
                                       valid=source_cache.valid[first:last])
-      im, lat = run(jax.tree.map(part, cond), part(latents), part(target_size), part(crop), cache)
-      images.append(im)
-      out_latents.append(lat)
-    return jnp.concatenate(images), jnp.concatenate(out_latents)
+      keys = None if noise_keys_B is None else noise_keys_B[start:start + chunk]
+      outs.append(run(jax.tree.map(part, cond), part(latents), part(target_size), part(crop), cache, keys))
+    images, out_latents = jnp.concatenate([o[0] for o in outs]), jnp.concatenate([o[1] for o in outs])
+    if sde is None:
+      return images, out_latents
+    trajectory = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *[o[2] for o in outs])
+    return images, out_latents, trajectory
 
-  def __call__(self, prompts, key, samples_per_prompt: int = 1, source_images=None, ar_params=None) -> Generated:
+  def __call__(self, prompts, key, samples_per_prompt: int = 1, source_images=None, ar_params=None,
+               dit_params=None) -> Generated:
     if isinstance(samples_per_prompt, bool) or not isinstance(samples_per_prompt, (int, np.integer)) \
         or samples_per_prompt < 1:
       raise ValueError(f"samples_per_prompt={samples_per_prompt!r} must be a positive integer")
@@ -335,7 +366,7 @@ class GlmImagePipeline:
     sample = self.sample_tokens(prepared, jax.random.split(token_key, b), samples_per_prompt, ar_params)
     latents = self.initial_latents(noise_key, len(prepared.prompts), samples_per_prompt)
     images, latents = self.decode_tokens(prepared, sample.target, latents, samples_per_prompt,
-                                         self.source_cache(prepared))
+                                         self.source_cache(prepared, dit_params), dit_params=dit_params)
     return Generated(sample, images, latents)
 
 

@@ -12,32 +12,38 @@ from glmrl.logging import run_writer
 from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib
 from glmrl.train.rollout import host_metadata
-from glmrl.train.sample import restored_ar_params, sample_batches
+from glmrl.train.sample import Policies, restored_params, sample_batches
 
 
-def run_eval(run, ar_params, writer, step: int) -> dict:
-  """Samples group_size images per held-out prompt with the fixed eval seed and logs their rewards.
-
-  `ar_params`: the AR parameters as the pipeline takes them, (trainable, frozen) or (full,).
-  """
+def run_eval(run, params: Policies, writer, step: int) -> dict:
+  """Samples group_size images per held-out prompt with the fixed eval seed (the ODE, sampling.dit_steps)
+  and logs their rewards: the AR policy's under eval/reward/, the decoder policy's under
+  eval/decoder/reward/ when it trains."""
   g = run.group_size
   records = run.eval_records
   if not records:
     raise ValueError("evaluation needs config.eval.prompts_file")
-  totals, components, images_out, prompts_out = [], {}, None, None
-  for batch, out, real in sample_batches(run, records, ar_params):
+  composers = {"": run.composer}
+  if run.decoder_composer is not None:
+    composers["decoder/"] = run.decoder_composer
+  totals, components, images_out, prompts_out = {k: [] for k in composers}, {}, None, None
+  for batch, out, real in sample_batches(run, records, params):
     prompts = [p for p in batch.prompts for _ in range(g)]
-    total, comps = run.composer.score(out.images, prompts, host_metadata(batch.metadata, g))
     keep = slice(0, real * g)
-    totals.append(to_host(total)[keep])
-    for k, v in comps.items():
-      components.setdefault(k, []).append(to_host(v)[keep])
+    for prefix, composer in composers.items():
+      total, comps = composer.score(out.images, prompts, host_metadata(batch.metadata, g))
+      totals[prefix].append(to_host(total)[keep])
+      for k, v in comps.items():
+        components.setdefault(f"{prefix}reward/{k}", []).append(to_host(v)[keep])
     if images_out is None:
       images_out, prompts_out = to_host(out.images)[keep], prompts[:real * g]
-  total = np.concatenate(totals)
-  scalars = {"eval/reward/mean": float(total.mean()), "eval/reward/std": float(total.std())}
+  scalars = {}
+  for prefix, parts in totals.items():
+    every = np.concatenate(parts)
+    scalars.update({f"eval/{prefix}reward/mean": float(every.mean()), f"eval/{prefix}reward/std": float(every.std())})
   for k, v in components.items():
-    scalars[f"eval/reward/{k}/mean"] = float(np.concatenate(v).mean())
+    scalars[f"eval/{k}/mean"] = float(np.concatenate(v).mean())
+  total = np.concatenate(totals[""])
   writer.write_scalars(step, scalars)
   writer.write_samples(step, images_out, prompts_out, total[:len(prompts_out)], tag="eval_samples", ncols=g)
   logging.info("eval at step %d: reward %.4f", step, scalars["eval/reward/mean"])
@@ -48,10 +54,10 @@ def evaluate(config, workdir: str) -> dict:
   """`--mode=eval`: the newest restorable checkpoint in workdir (or the initial model) on the held-out
   prompts, logged at its step (0 for the initial model). Read-only on the checkpoints."""
   run = setup_lib.build(config)
-  ar_params, step = restored_ar_params(run, workdir)
+  params, step = restored_params(run, workdir)
   os.makedirs(workdir, exist_ok=True)
   writer = run_writer(workdir)
   try:
-    return run_eval(run, ar_params, writer, step or 0)
+    return run_eval(run, params, writer, step or 0)
   finally:
     writer.close()

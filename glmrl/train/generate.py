@@ -24,10 +24,10 @@ from PIL import Image
 from glmrl.logging import make_grid
 from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib
-from glmrl.train.sample import restored_ar_params, sample_batches
+from glmrl.train.sample import Policies, restored_params, sample_batches
 
 
-def sample_records(run, records, ar_params) -> dict:
+def sample_records(run, records, params: Policies) -> dict:
   """group_size samples of every record (`glmrl.train.sample.sample_batches`), fetched to numpy.
 
   Returns `images` [N, H, W, 3] uint8, `target` [N, h, w], `tokens` and `logprobs` [N, T],
@@ -35,7 +35,7 @@ def sample_records(run, records, ar_params) -> dict:
   """
   g = run.group_size
   parts = {"images": [], "target": [], "tokens": [], "logprobs": []}
-  for _, out, real in sample_batches(run, records, ar_params):
+  for _, out, real in sample_batches(run, records, params):
     keep = slice(0, real * g)
     parts["images"].append(to_host(out.images)[keep])
     parts["target"].append(to_host(out.sample.target)[keep])
@@ -71,8 +71,8 @@ def generate(config, workdir: str) -> dict:
   and the restored checkpoint step (None when there was no checkpoint)."""
   run = setup_lib.build(config)
   records = run.eval_records or run.records
-  ar_params, step = restored_ar_params(run, workdir)
-  samples = sample_records(run, records, ar_params)
+  params, step = restored_params(run, workdir)
+  samples = sample_records(run, records, params)
   if jax.process_index():  # every process sampled its shards; process 0 writes
     return {"step": step}
   paths = write_outputs(os.path.join(workdir, "generate"), samples, [r.prompt for r in records], run.group_size,

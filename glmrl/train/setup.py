@@ -24,10 +24,25 @@ from glmrl.models.ar.prompt import PromptProcessor
 from glmrl.rewards import RewardComposer
 from glmrl.sampling.logprobs import SamplingConfig
 from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_decode_batch, check_glyph_fits
+from glmrl.train import decoder_step
 from glmrl.train import step as step_lib
 
 # The AR model's parts that GRPO trains; the vision encoder and VQ stay frozen.
 TRAINABLE = nnx.All(nnx.Param, nnx.Not(nnx.Any(nnx.PathContains("visual"), nnx.PathContains("vq"))))
+
+
+@dataclasses.dataclass
+class DecoderParts:
+  """The DiT as the decoder policy trains it: its graphdef (with adapters under DiT LoRA), the trained state
+  (the adapters, or every DiT parameter) and the rest (the base weights under LoRA)."""
+  graphdef: object
+  trainable: nnx.State
+  frozen: nnx.State
+  lora: lora_lib.LoraConfig
+
+  def dit_params(self, trainable) -> tuple:
+    """The pipeline's `dit_params` for a trained state."""
+    return (trainable, self.frozen)
 
 
 @dataclasses.dataclass
@@ -43,14 +58,32 @@ class Run:
   trainable: nnx.State  # full fine-tuning: the decoder's parameters; LoRA: the adapters only
   frozen: nnx.State     # everything else of the AR generator (the base weights, with LoRA)
   lora: lora_lib.LoraConfig
+  decoder: DecoderParts | None = None           # with "decoder" in config.train.policies
+  decoder_composer: RewardComposer | None = None
+
+  @property
+  def policies(self) -> tuple[str, ...]:
+    return tuple(self.config.train.policies.split("+"))
 
   @property
   def group_size(self) -> int:
+    """Samples per prompt of evaluation and generation."""
     return self.config.grpo.group_size
 
   @property
+  def ar_group(self) -> int:
+    """Token grids per prompt in a rollout (1 when the AR policy does not train)."""
+    return rollout_groups(self.config)[0]
+
+  @property
+  def decoder_group(self) -> int:
+    """Decoder samples per token grid in a rollout (1 when the decoder policy does not train)."""
+    return rollout_groups(self.config)[1]
+
+  @property
   def batch_size(self) -> int:
-    return self.config.data.prompts_per_step * self.config.grpo.group_size
+    """Images per rollout."""
+    return self.config.data.prompts_per_step * self.ar_group * self.decoder_group
 
   def checkpoint_params(self, trainable) -> nnx.State:
     """What a training checkpoint holds of the AR generator: the whole generator (the paths of a
@@ -62,29 +95,45 @@ class Run:
     return (saved, self.frozen) if self.lora.enabled else (saved,)
 
 
+def rollout_groups(config) -> tuple[int, int]:
+  """(token grids per prompt, decoder samples per grid) of a rollout: (grpo.group_size, 1) for "ar",
+  (1, decoder.group_size) for "decoder", both for "ar+decoder"."""
+  policies = config.train.policies.split("+")
+  return (config.grpo.group_size if "ar" in policies else 1,
+          config.decoder.group_size if "decoder" in policies else 1)
+
+
 def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
-  """The global batch (and decoder chunks) must split evenly over data x fsdp; micro-batches need not.
+  """The rollout's AR rows and images (and decoder chunks) must split evenly over data x fsdp; micro-batches
+  need not.
 
   The fields' own rules (e.g. group_size >= 2) are `config_checks`', checked before this runs."""
   data, fsdp, _ = mesh_shape
-  batch = config.data.prompts_per_step * config.grpo.group_size
-  if batch % (data * fsdp):
-    raise UserError(f"global batch prompts_per_step x group_size = {config.data.prompts_per_step} x "
-                     f"{config.grpo.group_size} = {batch} does not divide over the mesh's data x fsdp = "
-                     f"{data} x {fsdp} = {data * fsdp} devices")
-  micro = config.train.micro_batch_size or batch
-  if batch % micro:
-    raise UserError(f"config.train.micro_batch_size={micro} does not divide the global batch {batch}")
-  if micro % (data * fsdp):
-    # Correct (XLA splits what it can and replicates the rest) but slower: e.g. micro-batches of 16 on a
-    # 32-chip slice. Allowed, since the batch layout is the user's trade between memory and speed.
-    logging.warning("config.train.micro_batch_size=%d does not split evenly over data x fsdp = %d devices: "
-                    "each micro-batch is partly replicated", micro, data * fsdp)
+  devices = data * fsdp
+  ga, gd = rollout_groups(config)
+  prompts = config.data.prompts_per_step
+  rows, images = prompts * ga, prompts * ga * gd
+  if rows % devices:
+    what = "prompts_per_step x group_size = {} x {}".format(prompts, ga) if ga > 1 else f"prompts_per_step {prompts}"
+    raise UserError(f"the AR sampler's rows {what} = {rows} do not divide over the mesh's data x fsdp = "
+                     f"{data} x {fsdp} = {devices} devices")
+  policies = config.train.policies.split("+")
+  micro_batches = [("train", rows)] if "ar" in policies else []
+  micro_batches += [("decoder", images)] if "decoder" in policies else []
+  for section, batch in micro_batches:
+    micro = config[section].micro_batch_size or batch
+    if batch % micro:
+      raise UserError(f"config.{section}.micro_batch_size={micro} does not divide its update's batch {batch}")
+    if micro % devices:
+      # Correct (XLA splits what it can and replicates the rest) but slower: e.g. micro-batches of 16 on a
+      # 32-chip slice. Allowed, since the batch layout is the user's trade between memory and speed.
+      logging.warning("config.%s.micro_batch_size=%d does not split evenly over data x fsdp = %d devices: "
+                      "each micro-batch is partly replicated", section, micro, devices)
   chunk = config.sampling.decode_batch
   if chunk:
-    check_decode_batch(chunk, batch, config.grpo.group_size)
-    if chunk % (data * fsdp):
-      raise UserError(f"config.sampling.decode_batch={chunk} does not split over data x fsdp = {data * fsdp}")
+    check_decode_batch(chunk, images, ga * gd)
+    if chunk % devices:
+      raise UserError(f"config.sampling.decode_batch={chunk} does not split over data x fsdp = {devices}")
 
 
 def sampling_config(config) -> SamplingConfig:
@@ -95,13 +144,24 @@ def sampling_config(config) -> SamplingConfig:
 
 def update_spec(config, prompt_len: int, layout) -> step_lib.UpdateSpec:
   """The static description of the run's update for its prompt length and generation layout."""
-  batch = config.data.prompts_per_step * config.grpo.group_size
+  batch = config.data.prompts_per_step * config.grpo.group_size  # AR rows: one per token grid
   return step_lib.UpdateSpec(
       prompt_len=prompt_len, layout=layout, sampling=sampling_config(config),
       micro_batches=batch // (config.train.micro_batch_size or batch), epsilon_low=float(config.grpo.epsilon_low),
       epsilon_high=float(config.grpo.epsilon_high), beta=float(config.grpo.beta), kl=config.grpo.kl,
       aggregation=config.grpo.aggregation, remat=config.model.remat, tis_cap=float(config.grpo.tis_cap),
       reference="adapters_off" if config.lora.rank else "params")
+
+
+def decoder_spec(config) -> decoder_step.DecoderSpec:
+  """The static description of the run's decoder update."""
+  d = config.decoder
+  ga, gd = rollout_groups(config)
+  images = config.data.prompts_per_step * ga * gd
+  return decoder_step.DecoderSpec(
+      noise_level=float(d.noise_level), guidance_scale=float(config.sampling.guidance_scale),
+      clip_range=float(d.clip_range), adv_clip_max=float(d.adv_clip_max), beta=float(d.beta),
+      micro_batches=images // (d.micro_batch_size or images), reference="adapters_off" if d.lora.rank else "params")
 
 
 def pipeline_spec(config) -> PipelineSpec:
@@ -148,12 +208,13 @@ def processors(config, configs, texts):
   return word_tokenizer.word_processor(configs.ar, configs.image_processor, texts), ByT5Tokenizer()
 
 
-def reward_composer(config, mesh) -> RewardComposer:
-  """The configured rewards; model-backed ones load their weights replicated on the mesh."""
-  entries = [dict(e.to_dict() if hasattr(e, "to_dict") else e) for e in config.rewards]
+def reward_composer(config, mesh, rewards=None, group_size: int | None = None) -> RewardComposer:
+  """The configured rewards (`rewards`: config.rewards by default); model-backed ones load their weights
+  replicated on the mesh. `group_size`: the rows a per-group normalisation spans (default grpo.group_size)."""
+  entries = [dict(e.to_dict() if hasattr(e, "to_dict") else e) for e in (rewards or config.rewards)]
   if config.normalize_rewards_per_group:
     entries = [dict(e, normalize=True) for e in entries]
-  return RewardComposer(entries, group_size=config.grpo.group_size, std_eps=config.grpo.std_eps,
+  return RewardComposer(entries, group_size=group_size or config.grpo.group_size, std_eps=config.grpo.std_eps,
                         sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
@@ -183,7 +244,12 @@ def build(config) -> Run:
   check_batch(config, mesh_shape)
   records, eval_records = load_records(config)
   mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor)
-  composer = reward_composer(config, mesh)
+  ga, gd = rollout_groups(config)
+  # The AR policy's rewards normalise over a prompt's rows; the decoder's over a token grid's samples.
+  composer = reward_composer(config, mesh, group_size=ga * gd if "ar" in config.train.policies else None)
+  decoder_composer = None
+  if "decoder" in config.train.policies:
+    decoder_composer = reward_composer(config, mesh, config.decoder.rewards, group_size=gd)
   configs = model_configs(config)
   processor, glyph_tokenizer = processors(config, configs, [r.prompt for r in records + eval_records])
   for path, recs in ((config.data.prompts_file, records), (config.eval.prompts_file, eval_records)):
@@ -212,8 +278,28 @@ def build(config) -> Run:
     graphdef, trainable, frozen = nnx.split(ar_model, TRAINABLE, ...)
   # The run owns the AR parameters (the update donates them); the pipeline gets them per call.
   models["ar"] = (graphdef, None)
+  decoder = None
+  if "decoder" in config.train.policies:
+    decoder = decoder_parts(config, models["dit"], mesh)
+    models["dit"] = (decoder.graphdef, None)  # as the AR: the run owns the trained DiT
   pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config), mesh=mesh)
-  return Run(config, mesh, records, eval_records, iterator, composer, pipeline, graphdef, trainable, frozen, lora)
+  return Run(config, mesh, records, eval_records, iterator, composer, pipeline, graphdef, trainable, frozen, lora,
+             decoder, decoder_composer)
+
+
+def decoder_parts(config, dit_model, mesh) -> DecoderParts:
+  """The DiT split for the decoder policy: adapters (config.decoder.lora) or all its parameters trained."""
+  graphdef, state = dit_model
+  model = nnx.merge(graphdef, state)
+  c = config.decoder.lora
+  lora = lora_lib.LoraConfig(rank=c.rank, alpha=float(c.alpha), targets=lora_lib.target_patterns(c.targets))
+  if lora.enabled:
+    graphdef, trainable, frozen = add_adapters(model, lora, mesh, config.seed, salt=0xD17)
+    logging.info("DiT LoRA rank %d (alpha %g) on %d layers: %d trainable parameters", lora.rank, lora.alpha,
+                 len(jax.tree.leaves(trainable)) // 2, num_params(trainable))
+  else:
+    graphdef, trainable, frozen = nnx.split(model, nnx.Param, ...)
+  return DecoderParts(graphdef, trainable, frozen, lora)
 
 
 def lora_config(config) -> lora_lib.LoraConfig:
@@ -225,19 +311,28 @@ def adapters_record(run) -> dict | None:
   """What a LoRA run's checkpoints record of its adapters and their base (`check_adapters`); None
   for full fine-tuning. The base is named by its folder (or preset and seed) and a fingerprint of
   its weights (`glmrl.checkpoint.fingerprint`), so adapters never resume onto another base."""
-  if not run.lora.enabled:
+  return _adapters_record(run.config, run.lora, run.frozen)
+
+
+def decoder_adapters_record(run) -> dict | None:
+  """`adapters_record` of the DiT's adapters (decoder_lora.json); None without DiT LoRA or decoder policy."""
+  return None if run.decoder is None else _adapters_record(run.config, run.decoder.lora, run.decoder.frozen)
+
+
+def _adapters_record(cfg, lora: lora_lib.LoraConfig, base) -> dict | None:
+  if not lora.enabled:
     return None
-  cfg = run.config
   source = os.path.abspath(cfg.model.checkpoint_dir) if cfg.model.checkpoint_dir else \
       f"random preset {cfg.model.preset!r}, seed {cfg.seed}, {cfg.model.param_dtype}"
-  return {"rank": run.lora.rank, "alpha": run.lora.alpha, "targets": list(run.lora.targets),
-          "base": {"checkpoint_dir": source, "fingerprint": fingerprint(run.frozen)}}
+  return {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets),
+          "base": {"checkpoint_dir": source, "fingerprint": fingerprint(base)}}
 
 
-def add_adapters(model, lora: lora_lib.LoraConfig, mesh, seed: int):
+def add_adapters(model, lora: lora_lib.LoraConfig, mesh, seed: int, salt: int = 0x10FA):
   """(graphdef, adapters, base) of `model` with adapters attached: the adapters placed by the same
-  sharding rules as every parameter (B = 0: the model computes exactly what the base does)."""
-  lora_lib.apply_lora(model, lora, nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), 0x10FA)))
+  sharding rules as every parameter (B = 0: the model computes exactly what the base does). `salt`
+  separates the adapters' initial A of different models drawn from one seed."""
+  lora_lib.apply_lora(model, lora, nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), salt)))
   graphdef, adapters, base = nnx.split(model, lora_lib.LoraParam, ...)
   adapters = jax.device_put(adapters, sharding_lib.state_shardings(adapters, mesh))
   return graphdef, adapters, base

@@ -82,7 +82,7 @@ def _micro_loss(params, graphdef, frozen, mb: Rollout, first, spec: UpdateSpec):
   return aux["numerator"], (aux, old_logp)
 
 
-def _split_micro(tree, m: int):
+def split_micro(tree, m: int):
   """[B, ...] -> [m, B/m, ...] strided: micro-batch i holds rows i, i + m, i + 2m, ... (positions
   [3, B, S] -> [m, 3, B/m, S]).
 
@@ -99,8 +99,8 @@ def _split_micro(tree, m: int):
   return jax.tree_util.tree_map_with_path(one, tree)
 
 
-def _merge_micro(x_MxBxN):
-  """The inverse of `_split_micro` for a [m, B/m, N] result: rows back in batch order."""
+def merge_micro(x_MxBxN):
+  """The inverse of `split_micro` for a [m, B/m, N] result: rows back in batch order."""
   if x_MxBxN is None:
     return None
   return jnp.moveaxis(x_MxBxN, 0, 1).reshape(-1, x_MxBxN.shape[-1])
@@ -120,7 +120,7 @@ def accumulate_gradients(graphdef, params, frozen, rollout: Rollout, ref_params,
   micro-batch); otherwise the rollout's, passed through.
   """
   grad_fn = jax.grad(_micro_loss, has_aux=True)
-  micro = _split_micro(rollout, spec.micro_batches)
+  micro = split_micro(rollout, spec.micro_batches)
   if spec.reference == "adapters_off" and rollout.ref_logp is not None:
     ref_params = lora_lib.adapters_off(params)
   use_ref = ref_params is not None and rollout.ref_logp is not None
@@ -147,7 +147,7 @@ def accumulate_gradients(graphdef, params, frozen, rollout: Rollout, ref_params,
   init = {k: jnp.zeros((), jnp.float32) for k in _MEAN_STATS + ("numerator", "denominator")}
   init.update(ratio_min=jnp.array(jnp.inf, jnp.float32), ratio_max=jnp.array(-jnp.inf, jnp.float32))
   (grads_sum, stats), (old_MxBxN, ref_MxBxN) = jax.lax.scan(body, (zeros, init), micro)
-  return grads_sum, stats, _merge_micro(old_MxBxN), _merge_micro(ref_MxBxN)
+  return grads_sum, stats, merge_micro(old_MxBxN), merge_micro(ref_MxBxN)
 
 
 def update(graphdef, params, frozen, opt_state, rollout: Rollout, ref_params=None, first=True, *,

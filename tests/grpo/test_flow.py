@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from glmrl.grpo.flow import mean_kl, sde_logprob, sde_std, sde_step, sde_step_mean
+from glmrl.grpo.flow import flow_policy_loss, mean_kl, sde_logprob, sde_std, sde_step, sde_step_mean
 from glmrl.sampling.scheduler import euler_step, euler_step_at, glm_image_schedule
 
 # A 1024x1024 GLM-Image schedule with 10 steps: starts at sigma = 1 exactly, ends at 0.
@@ -274,3 +274,37 @@ def test_rejects_invalid_inputs(call, match):
   x = np.zeros((3, 4), np.float32)
   with pytest.raises(ValueError, match=match):
     call(x)
+
+
+def ref_flow_loss(logp, old, adv, mask, clip, adv_max, kl=None, beta=0.0):
+  """float64 Flow-GRPO per-timestep loss terms (train_sd3.py): (sum of masked terms, count)."""
+  logp, old, mask = (np.asarray(a, np.float64) for a in (logp, old, mask))
+  a = np.clip(np.asarray(adv, np.float64), -adv_max, adv_max)
+  r = np.exp(logp - old)
+  term = np.maximum(-a * r, -a * np.clip(r, 1 - clip, 1 + clip))
+  if kl is not None:
+    term = term + beta * np.asarray(kl, np.float64)
+  return float(np.sum(term * mask)), float(np.sum(mask))
+
+
+@pytest.mark.parametrize("with_kl", [False, True])
+def test_flow_policy_loss_matches_float64_reference(with_kl):
+  rng = np.random.default_rng(7)
+  b = 6
+  logp = rng.normal(size=b).astype(np.float32) * 0.01
+  old = logp + rng.normal(size=b).astype(np.float32) * 2e-4  # some ratios outside 1 +- 1e-4
+  adv = np.array([-7.0, -1.0, -0.2, 0.3, 2.0, 9.0], np.float32)  # two beyond adv_clip_max = 5
+  mask = np.array([1, 1, 0, 1, 1, 1], np.float32)
+  kl = np.abs(rng.normal(size=b)).astype(np.float32) if with_kl else None
+  num, den, aux = flow_policy_loss(logp, old, adv, mask, clip_range=1e-4, adv_clip_max=5.0, kl_B=kl, beta=0.3)
+  want_num, want_den = ref_flow_loss(logp, old, adv, mask, 1e-4, 5.0, kl, 0.3)
+  np.testing.assert_allclose(float(num), want_num, rtol=1e-5, atol=1e-7)
+  assert float(den) == want_den == 5.0
+  r = np.exp(logp.astype(np.float64) - old)[mask > 0]
+  np.testing.assert_allclose([float(aux["ratio_min"]), float(aux["ratio_max"])], [r.min(), r.max()], rtol=1e-6)
+  if with_kl:
+    np.testing.assert_allclose(float(aux["kl_mean"]), np.sum(kl * mask) / 5.0, rtol=1e-6)
+  # On-policy (old = logp): every ratio is exactly 1 and the loss is -mean(clipped advantages).
+  num, den, aux = flow_policy_loss(logp, logp, adv, mask, clip_range=1e-4, adv_clip_max=5.0)
+  assert float(aux["ratio_min"]) == float(aux["ratio_max"]) == 1.0
+  np.testing.assert_allclose(float(num) / float(den), -np.sum(np.clip(adv, -5, 5) * mask) / 5.0, rtol=1e-6)

@@ -49,7 +49,7 @@ def test_noise_level_zero_is_the_ode_bit_for_bit(inputs):
   args, _, _, _, keys = inputs
   images, latents = decode.denoise_and_decode(*args)
   sde_images, sde_latents, trajectory = decode.denoise_and_decode(
-      *args, None, decode.SdeWindow(noise_level=0.0, start=1, size=2), keys)
+      *args, None, decode.SdeWindow(noise_level=0.0, size=2), keys, 1)
   np.testing.assert_array_equal(np.asarray(sde_latents), np.asarray(latents))
   np.testing.assert_array_equal(np.asarray(sde_images), np.asarray(images))
   assert trajectory.latents_before.shape == (2,) + latents.shape
@@ -58,8 +58,8 @@ def test_noise_level_zero_is_the_ode_bit_for_bit(inputs):
 
 def test_window_steps_are_gaussian_steps_whose_logprobs_recompute(inputs):
   args, dit, cond, sched, keys = inputs
-  window = decode.SdeWindow(noise_level=0.7, start=1, size=2)
-  _, latents, trajectory = decode.denoise_and_decode(*args, None, window, keys)
+  window, start = decode.SdeWindow(noise_level=0.7, size=2), 1
+  _, latents, trajectory = decode.denoise_and_decode(*args, None, window, keys, start)
   _, ode_latents = decode.denoise_and_decode(*args)
   assert np.abs(np.asarray(latents) - np.asarray(ode_latents)).max() > 1e-3  # the noise moved the result
   b = latents.shape[0]
@@ -80,7 +80,7 @@ def test_window_steps_are_gaussian_steps_whose_logprobs_recompute(inputs):
   logp = np.asarray(trajectory.sampler_logp)
   assert np.all(np.isfinite(logp))
   for w in range(window.size):
-    again = step_logprob(trajectory.latents_before[w], trajectory.latents_after[w], window.start + w)
+    again = step_logprob(trajectory.latents_before[w], trajectory.latents_after[w], start + w)
     np.testing.assert_allclose(np.asarray(again), logp[w], rtol=1e-5, atol=1e-5)
   # The window's steps chain: x_{t+1} of one step is x_t of the next.
   np.testing.assert_array_equal(np.asarray(trajectory.latents_after[0]), np.asarray(trajectory.latents_before[1]))

@@ -21,6 +21,26 @@ def tiny_config(**overrides):
   return c
 
 
+def decoupled_config(**overrides):
+  """Both policies on the tiny model: 2 prompts x 4 token grids x 2 decoder samples (16 images), DiT LoRA,
+  the SDE window on 2 of 4 denoising steps at a random start; `section__key=value` overrides."""
+  c = tiny_config()
+  c.train.policies = "ar+decoder"
+  c.decoder.group_size = 2
+  c.decoder.train_steps = 4
+  c.decoder.window_size = 2
+  c.decoder.lora.rank = 4
+  c.decoder.lora.alpha = 8.0
+  c.decoder.beta = 0.1
+  c.decoder.micro_batch_size = 8
+  c.decoder.optim.learning_rate = 1e-2
+  c.decoder.rewards = ({"name": "saturation", "weight": 1.0},)
+  for key, value in overrides.items():
+    section, field = key.split("__")
+    c[section][field] = value
+  return c
+
+
 def device_run_args():
   """Arguments of the subprocess runs on a forced number of host devices (--devices, --mesh=d,f,t,
   --workdir); sets XLA_FLAGS, so it must run before jax is imported. Returns (args, (data, fsdp, tensor))."""

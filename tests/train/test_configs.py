@@ -35,11 +35,30 @@ def test_real_configs_need_a_checkpoint_and_have_the_paper_defaults(name, tmp_pa
   assert (c.data.height, c.data.width, c.sampling.dit_steps, c.sampling.guidance_scale) == (1024, 1024, 50, 1.5)
 
 
-@pytest.mark.parametrize("name", ["demo", "glm_image_t2i", "glm_image_i2i"])
+@pytest.mark.parametrize("name", ["demo", "demo_decoder", "glm_image_t2i", "glm_image_i2i", "glm_image_t2i_lora",
+                                  "glm_image_t2i_decoupled"])
 def test_tiny_configs_validate(name):
-  c = load(name, None if name == "demo" else "tiny")
+  c = load(name, None if name.startswith("demo") else "tiny")
   config_checks.validate(c)
   setup.load_records(c)  # the bundled prompt files fit the mode
+
+
+def test_decoupled_config_names_each_required_reward_input(tmp_path):
+  c = load("glm_image_t2i_decoupled")
+  c.model.checkpoint_dir = str(tmp_path)
+  (tmp_path / "prompts.txt").write_text('a poster that says "GRPO"\n')
+  c.data.prompts_file = str(tmp_path / "prompts.txt")
+  with pytest.raises(config_checks.ConfigError, match=r"config.rewards\[0\].kwargs.clip_dir is required"):
+    config_checks.validate(c)
+  c.rewards[0].kwargs.clip_dir = c.rewards[0].kwargs.head_dir = c.rewards[1].kwargs.ckpt_dir = str(tmp_path)
+  with pytest.raises(config_checks.ConfigError, match=r"config.decoder.rewards\[0\].kwargs.url is required"):
+    config_checks.validate(c)
+  c.decoder.rewards[0].kwargs.url = "http://localhost:1"
+  config_checks.validate(c)
+  assert (c.train.policies, c.grpo.group_size, c.decoder.group_size) == ("ar+decoder", 8, 4)
+  assert (c.decoder.noise_level, c.decoder.train_steps, c.decoder.clip_range, c.decoder.lora.targets) == \
+      (0.7, 10, 1e-4, "dit")
+  assert c.sampling.dit_steps == 50  # evaluation keeps the released 50 steps
 
 
 def test_full_size_train_state_shapes():

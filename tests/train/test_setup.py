@@ -18,13 +18,13 @@ def no_models(monkeypatch):
 
 def test_batch_must_divide_over_the_mesh():
   config = tiny_config(data__prompts_per_step=3, grpo__group_size=3)
-  with pytest.raises(ValueError, match=r"3 x 3 = 9 does not divide over the mesh's data x fsdp = 2 x 2 = 4"):
+  with pytest.raises(ValueError, match=r"3 x 3 = 9 do not divide over the mesh's data x fsdp = 2 x 2 = 4"):
     setup.check_batch(config, (2, 2, 2))
   # Micro-batches that do not split over data x fsdp are allowed (partly replicated), e.g. 16 on 32 chips.
   setup.check_batch(tiny_config(train__micro_batch_size=6, data__prompts_per_step=3), (2, 2, 2))
   setup.check_batch(tiny_config(train__micro_batch_size=16, data__prompts_per_step=16, grpo__group_size=8),
                     (1, 32, 1))
-  with pytest.raises(ValueError, match="micro_batch_size=5 does not divide the global batch 12"):
+  with pytest.raises(ValueError, match="micro_batch_size=5 does not divide its update.s batch 12"):
     setup.check_batch(tiny_config(train__micro_batch_size=5, data__prompts_per_step=3), (1, 1, 1))
 
 
@@ -50,3 +50,16 @@ def test_prompt_longer_than_the_fixed_length(tmp_path):
   path.write_text("a short one\n" + " ".join(["word"] * 40) + "\n")
   with pytest.raises(ValueError, match=r"long.txt:2: the prompt takes 49 tokens with its grids, more than config.data.max_prompt_tokens=32"):
     setup.build(tiny_config(data__prompts_file=str(path)))
+
+
+def test_decoupled_batch_checks_name_the_decoder_fields():
+  from tests.train.common import decoupled_config
+
+  # 2 prompts x 4 grids = 8 AR rows, x 2 decoder samples = 16 images.
+  setup.check_batch(decoupled_config(), (2, 2, 2))
+  with pytest.raises(ValueError, match=r"AR sampler's rows prompts_per_step x group_size = 2 x 4 = 8 do not divide"):
+    setup.check_batch(decoupled_config(), (1, 16, 1))
+  with pytest.raises(ValueError, match="config.decoder.micro_batch_size=5 does not divide its update.s batch 16"):
+    setup.check_batch(decoupled_config(decoder__micro_batch_size=5), (1, 1, 1))
+  with pytest.raises(ValueError, match=r"decode_batch=3 must divide the batch of 16 samples"):
+    setup.check_batch(decoupled_config(sampling__decode_batch=3), (1, 1, 1))

@@ -107,9 +107,9 @@ def test_micro_batches_are_strided_and_merge_back():
       sequence_ids=ids, positions=np.stack([ids, ids + 100, ids + 200]), valid=ids > 0,
       old_logp=ids.astype(np.float32), sampler_logp=ids.astype(np.float32),
       advantages=np.arange(b, dtype=np.float32), mask=np.ones((b, s), np.float32))
-  micro = step_lib._split_micro(rollout, m)
+  micro = step_lib.split_micro(rollout, m)
   for i in range(m):
     np.testing.assert_array_equal(micro.sequence_ids[i], ids[i::m])
     np.testing.assert_array_equal(micro.positions[i], np.stack([ids, ids + 100, ids + 200])[:, i::m])
     np.testing.assert_array_equal(micro.advantages[i], np.arange(b)[i::m])
-  np.testing.assert_array_equal(step_lib._merge_micro(micro.old_logp), ids)
+  np.testing.assert_array_equal(step_lib.merge_micro(micro.old_logp), ids)

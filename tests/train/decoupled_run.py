@@ -1,0 +1,50 @@
+"""Both policies (ar+decoder) on a given mesh: two steps straight, and the same two steps with a resume
+between them; prints their metrics, the trained states' checksums and shardings as JSON.
+
+python -m tests.train.decoupled_run --devices=8 --mesh=2,2,2 --workdir=DIR
+"""
+
+import json
+import os
+import sys
+
+from tests.train.common import decoupled_config, device_run_args
+
+
+def main():
+  args, (data, fsdp, tensor) = device_run_args()
+  import jax
+  import numpy as np
+
+  from glmrl.train import loop
+
+  config = decoupled_config(mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor)
+
+  def checksums(trainer):
+    out = {}
+    for name, tree in (("ar", trainer.params), ("dit", trainer.dit_params)):
+      leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(tree)]
+      out[name] = [float(sum(x.sum() for x in leaves)), float(sum(np.abs(x).sum() for x in leaves))]
+    return out
+
+  def steps(workdir, n):
+    trainer = loop.Trainer(config, workdir)
+    try:
+      scalars = [{k: float(v) for k, v in trainer.step().items() if not k.startswith("time/")
+                  and not k.startswith("throughput/")} for _ in range(n)]
+      trainer.save(force=True)
+      sums = checksums(trainer)
+      shardings = sorted({str(x.sharding.spec) for x in jax.tree.leaves(trainer.dit_params)})
+    finally:
+      trainer.close()
+    return scalars, sums, shardings
+
+  straight, sums, shardings = steps(os.path.join(args.workdir, "straight"), 2)
+  first, _, _ = steps(os.path.join(args.workdir, "resumed"), 1)
+  second, resumed_sums, _ = steps(os.path.join(args.workdir, "resumed"), 1)
+  json.dump({"devices": jax.device_count(), "straight": straight, "resumed": first + second, "sums": sums,
+             "resumed_sums": resumed_sums, "dit_shardings": shardings}, sys.stdout)
+
+
+if __name__ == "__main__":
+  main()
