@@ -23,8 +23,8 @@ def parse_args(argv):
                       "run (default: the run's config.model.checkpoint_dir, recorded in checkpoints/source.json); "
                       "'' writes the trained generator alone")
   p.add_argument("--merge_lora", action="store_true",
-                 help="a LoRA run: write the base generator with the adapters merged in, instead of the base "
-                      "and a PEFT adapter (--to_hf)")
+                 help="a LoRA run: write the base models with their adapters merged in, instead of the bases and "
+                      "the adapters (PEFT's format for the generator, diffusers' for the DiT) (--to_hf)")
   p.add_argument("--max_shard_size", default=flax_to_hf.DEFAULT_MAX_SHARD_SIZE,
                  help="shard safetensors above this size, e.g. 5GB or 500MiB (--to_hf)")
   args = p.parse_args(argv)

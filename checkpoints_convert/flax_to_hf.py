@@ -227,8 +227,7 @@ def training_source(run_dir: str, source_dir: str | None) -> tuple[str | None, s
                     f"pass --source_dir=<the converted folder it trained from> to write a complete folder")
     if not source:
       return None, (f"the run trained a random preset (no config.model.checkpoint_dir, {recorded_at}), so "
-                    f"there is no text_encoder, transformer, vae, processor, tokenizer or scheduler "
-                    f"belonging to its generator")
+                    f"there is no released folder its other pipeline components could come from")
   if not os.path.isdir(os.path.join(source, TRAINING_COMPONENT, PARAMS_DIR)):
     raise ValueError(f"source checkpoint {source!r} ({origin}) is not a converted GLM-Image folder (no "
                      f"{TRAINING_COMPONENT}/{PARAMS_DIR}); pass --source_dir=<the converted folder "

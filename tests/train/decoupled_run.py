@@ -1,11 +1,13 @@
-"""Both policies (ar+decoder) on a given mesh: two steps straight, and the same two steps with a resume
-between them; prints their metrics, the trained states' checksums and shardings as JSON.
+"""Both policies (ar+decoder) on a given mesh: two steps straight (saving after each), and the second step again
+by a new trainer resumed from a copy of the first step's checkpoint; prints their metrics, the trained states'
+checksums and shardings as JSON.
 
 python -m tests.train.decoupled_run --devices=8 --mesh=2,2,2 --workdir=DIR
 """
 
 import json
 import os
+import shutil
 import sys
 
 from tests.train.common import decoupled_config, device_run_args
@@ -27,22 +29,27 @@ def main():
       out[name] = [float(sum(x.sum() for x in leaves)), float(sum(np.abs(x).sum() for x in leaves))]
     return out
 
-  def steps(workdir, n):
+  def steps(workdir, n, copy_first_to=None):
     trainer = loop.Trainer(config, workdir)
     try:
-      scalars = [{k: float(v) for k, v in trainer.step().items() if not k.startswith("time/")
-                  and not k.startswith("throughput/")} for _ in range(n)]
-      trainer.save(force=True)
+      scalars = []
+      for _ in range(n):
+        scalars.append({k: float(v) for k, v in trainer.step().items() if not k.startswith("time/")
+                        and not k.startswith("throughput/")})
+        trainer.save(force=True)
+        if copy_first_to and trainer.step_index == 1:
+          trainer.checkpointer.wait()
+          shutil.copytree(workdir, copy_first_to)
       sums = checksums(trainer)
       shardings = sorted({str(x.sharding.spec) for x in jax.tree.leaves(trainer.dit_params)})
     finally:
       trainer.close()
     return scalars, sums, shardings
 
-  straight, sums, shardings = steps(os.path.join(args.workdir, "straight"), 2)
-  first, _, _ = steps(os.path.join(args.workdir, "resumed"), 1)
-  second, resumed_sums, _ = steps(os.path.join(args.workdir, "resumed"), 1)
-  json.dump({"devices": jax.device_count(), "straight": straight, "resumed": first + second, "sums": sums,
+  resumed_dir = os.path.join(args.workdir, "resumed")
+  straight, sums, shardings = steps(os.path.join(args.workdir, "straight"), 2, copy_first_to=resumed_dir)
+  second, resumed_sums, _ = steps(resumed_dir, 1)
+  json.dump({"devices": jax.device_count(), "straight": straight, "resumed_second": second[0], "sums": sums,
              "resumed_sums": resumed_sums, "dit_shardings": shardings}, sys.stdout)
 
 
