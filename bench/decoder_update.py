@@ -1,7 +1,7 @@
 """Decoder (Flow-GRPO) update cost per trained timestep, what the SDE window saves, and the torch reference.
 
     python -m bench.decoder_update [--batch 4 --size 256 --layers 4 --heads 4 --head_dim 32 --windows 1,2,4,10
-                                    --steps 10 --window 2 --reps 5 --torch_threads 2 --no_torch]
+                                    --steps 10 --window 2 --reps 15 --torch_threads 2 --single_thread --no_torch]
 
 On a random DiT somewhat bigger than `DiTConfig.tiny` with DiT LoRA (DIT_TARGETS), float32, one batch of B
 samples at R x R pixels, timed in one run (median of --reps, interleaved, after one untimed compile call):
@@ -29,6 +29,37 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--batch", type=int, default=4, help="samples B")
+  p.add_argument("--size", type=int, default=256, help="image height = width in pixels (multiple of 32)")
+  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--heads", type=int, default=4)
+  p.add_argument("--head_dim", type=int, default=32)
+  p.add_argument("--text_len", type=int, default=16, help="glyph tokens")
+  p.add_argument("--lora_rank", type=int, default=8)
+  p.add_argument("--windows", default="1,2,4,10", help="SDE window sizes W of the timed updates")
+  p.add_argument("--steps", type=int, default=10, help="denoising steps T of the rollout")
+  p.add_argument("--window", type=int, default=2, help="SDE window of the windowed rollout")
+  p.add_argument("--window_start", type=int, default=0, help="its (fixed) first step")
+  p.add_argument("--reps", type=int, default=15)
+  p.add_argument("--torch_threads", type=int, default=2)
+  p.add_argument("--single_thread", action="store_true",
+                 help="one intra-op thread for XLA and torch (fairer on a machine other processes load: torch's "
+                      "OpenMP team stalls when one of its threads is descheduled)")
+  p.add_argument("--no_torch", action="store_true", help="skip the diffusers + PEFT column")
+  args = p.parse_args(argv)
+  if args.single_thread:
+    args.torch_threads = 1
+  return args
+
+
+ARGS = parse_args()
+if ARGS.single_thread:  # XLA reads its flags when jax is first imported
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+
 import glmrl  # noqa: E402,F401
 
 import flax  # noqa: E402
@@ -48,25 +79,6 @@ from glmrl.train import optimizer as optimizer_lib  # noqa: E402
 # Flow-GRPO's defaults, as configs/common.py (decoder.*, sampling.guidance_scale).
 NOISE, GUIDANCE, CLIP, ADV_CLIP = 0.7, 1.5, 1e-4, 5.0
 TORCH_TARGETS = r".*transformer_blocks\.\d+\.(attn1\.(to_q|to_k|to_v|to_out\.0)|ff\.net\.(0\.proj|2))"
-
-
-def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--batch", type=int, default=4, help="samples B")
-  p.add_argument("--size", type=int, default=256, help="image height = width in pixels (multiple of 32)")
-  p.add_argument("--layers", type=int, default=4)
-  p.add_argument("--heads", type=int, default=4)
-  p.add_argument("--head_dim", type=int, default=32)
-  p.add_argument("--text_len", type=int, default=16, help="glyph tokens")
-  p.add_argument("--lora_rank", type=int, default=8)
-  p.add_argument("--windows", default="1,2,4,10", help="SDE window sizes W of the timed updates")
-  p.add_argument("--steps", type=int, default=10, help="denoising steps T of the rollout")
-  p.add_argument("--window", type=int, default=2, help="SDE window of the windowed rollout")
-  p.add_argument("--window_start", type=int, default=0, help="its (fixed) first step")
-  p.add_argument("--reps", type=int, default=5)
-  p.add_argument("--torch_threads", type=int, default=2)
-  p.add_argument("--no_torch", action="store_true", help="skip the diffusers + PEFT column")
-  return p.parse_args(argv)
 
 
 def dit_config(args) -> DiTConfig:
@@ -169,7 +181,8 @@ class Updater:
 # ----------------------------------------------------------------------------------------------- reference (torch)
 
 def torch_timestep_fn(cfg: DiTConfig, rank: int, x: dict, traj: decode.Trajectory, threads: int):
-  """(one trained timestep as train_sd3.py, the PEFT model's LoRA parameter count); raises if it cannot be built."""
+  """(one trained timestep as train_sd3.py, its CFG forward alone (no grad: a sampling step), the PEFT model's
+  LoRA parameter count); raises if the model cannot be built or run."""
   import torch
   from diffusers import GlmImageTransformer2DModel
   from peft import LoraConfig, get_peft_model
@@ -186,14 +199,14 @@ def torch_timestep_fn(cfg: DiTConfig, rank: int, x: dict, traj: decode.Trajector
   b = x["noise_BxCxhxw"].shape[0]
   glyph_2BxSxD = torch.cat([t(x["neg_glyph_BxSxD"]), t(x["glyph_BxSxD"])])  # uncond first, as train_sd3
   ids_2BxX = two(x["prior_ids_BxX"]).long()
-  drop_2BxX = torch.cat([torch.ones_like(ids_2BxX[:b], dtype=torch.bool), torch.zeros_like(ids_2BxX[b:], dtype=torch.bool)])
+  drop_2BxX = torch.arange(2 * b)[:, None].expand_as(ids_2BxX) < b  # every prior token dropped in uncond
   size_2Bx2, crop_2Bx2 = two(x["size_Bx2"]), two(x["crop_Bx2"])
   x_BxCxhxw, x_next_BxCxhxw = t(traj.latents_before[0]), t(traj.latents_after[0])
-  old_B, adv_B = t(traj.sampler_logp[0]), t(x["advantages_B"]).clamp(-ADV_CLIP, ADV_CLIP)
+  adv_B = t(x["advantages_B"]).clamp(-ADV_CLIP, ADV_CLIP)
   sigma, sigma_next = float(x["sigmas_T1"][0]), float(x["sigmas_T1"][1])
   timestep_2B = torch.full((2 * b,), float(x["timesteps_T"][0]))
 
-  def step():
+  def logprob_B():
     out = model(hidden_states=torch.cat([x_BxCxhxw, x_BxCxhxw]), encoder_hidden_states=glyph_2BxSxD,
                 prior_token_id=ids_2BxX, prior_token_drop=drop_2BxX, timestep=timestep_2B, target_size=size_2Bx2,
                 crop_coords=crop_2Bx2, return_dict=False)[0]
@@ -206,12 +219,20 @@ def torch_timestep_fn(cfg: DiTConfig, rank: int, x: dict, traj: decode.Trajector
     step_std = std_t * math.sqrt(-dt)
     logp = (-(x_next_BxCxhxw - mean) ** 2 / (2 * step_std ** 2) - math.log(step_std)
             - math.log(math.sqrt(2 * math.pi)))
-    logp_B = logp.mean(dim=(1, 2, 3))
-    ratio = torch.exp(logp_B - old_B)
+    return logp.mean(dim=(1, 2, 3))
+
+  def forward():
+    with torch.no_grad():
+      return logprob_B()
+
+  old_B = forward()  # this model's own sampler log-probs: ratio 1, as our first update
+
+  def step():
+    ratio = torch.exp(logprob_B() - old_B)
     loss = torch.maximum(-adv_B * ratio, -adv_B * ratio.clamp(1 - CLIP, 1 + CLIP)).mean()
     loss.backward()
 
-  return step, lora
+  return step, forward, lora
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -228,26 +249,32 @@ def versions() -> str:
 
 def report(args, cfg, sizes, ms, compile_s, torch_note):
   windows = [int(w) for w in args.windows.split(",")]
-  fwd = ms["guided_forward"]
-  rows = [("guided forward (CFG: 2 DiT passes, B samples)", fwd, None)]
-  rows += [(f"update W={w}", ms[f"update_W{w}"], w) for w in windows]
-  rows += [(f"rollout T={args.steps}, SDE window {args.window} from step {args.window_start}",
-            ms["rollout_window"], None),
-           (f"rollout T={args.steps}, all {args.steps} steps SDE", ms["rollout_all_sde"], None)]
+  fwd, t = ms["guided_forward"], args.steps
+  # (name, ms per call, trained timesteps per call or None, the same framework's guided forward)
+  rows = [("guided forward (CFG: 2 DiT passes of B samples)", fwd, None, fwd)]
+  rows += [(f"update W={w} (first=True)", ms[f"update_W{w}"], w, fwd) for w in windows]
+  rows += [(f"rollout T={t}, SDE window {args.window} from step {args.window_start} (+ VAE decode)",
+            ms["rollout_window"], None, fwd),
+           (f"rollout T={t}, all {t} steps SDE (+ VAE decode)", ms["rollout_all_sde"], None, fwd)]
   if "torch_timestep" in ms:
-    rows.append(("torch: CFG forward + log-prob + backward (1 timestep)", ms["torch_timestep"], 1))
-  print(f"\ndevices: {jax.devices()}; {versions()}; torch threads {args.torch_threads}")
+    tfwd = ms["torch_guided_forward"]
+    rows += [("torch: guided forward (CFG as one 2B batch, no grad)", tfwd, None, tfwd),
+             ("torch: guided forward + log-prob + loss + backward", ms["torch_timestep"], 1, tfwd)]
+  print(f"\ndevices: {jax.devices()}; {versions()}; "
+        f"{'XLA 1 thread' if args.single_thread else f'XLA default threads ({os.cpu_count()} CPUs)'}, "
+        f"torch threads {args.torch_threads}")
   print(f"DiT {cfg.num_layers} layers, {cfg.num_attention_heads}x{cfg.attention_head_dim} heads, "
         f"{sizes['dit_params'] / 1e6:.2f}M params, LoRA rank {args.lora_rank} on DIT_TARGETS: "
         f"{sizes['lora_params']} params (torch PEFT: {sizes.get('torch_lora_params', '-')}); float32")
   print(f"batch {args.batch}, {args.size}x{args.size} px ({(args.size // 16) ** 2} image tokens, "
         f"{args.text_len} glyph tokens); median of {args.reps}, interleaved; first calls (compile): "
         + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
-  print("\n| measurement | ms / call | ms / trained timestep | x guided forward |\n|---|---:|---:|---:|")
-  for name, t, per in rows:
-    per_ms = f"{t / per:.1f}" if per else ""
-    ratio = f"{t / per / fwd:.2f}" if per else f"{t / fwd:.2f}"
-    print(f"| {name} | {t:.1f} | {per_ms} | {ratio} |")
+  print("\n| measurement | ms / call | ms / trained timestep | x guided forward (same framework) |\n"
+        "|---|---:|---:|---:|")
+  for name, ms_call, per, base in rows:
+    ms_step = ms_call / per if per else None
+    print(f"| {name} | {ms_call:.1f} | {'' if per is None else f'{ms_step:.1f}'} | "
+          f"{(ms_step or ms_call) / base:.2f} |")
   w_small, w_all = args.window, args.steps
   summary = {}
   if f"update_W{w_small}" in ms and f"update_W{w_all}" in ms:
@@ -255,13 +282,17 @@ def report(args, cfg, sizes, ms, compile_s, torch_note):
     step_all = ms["rollout_all_sde"] + ms[f"update_W{w_all}"]
     summary = dict(step_window_ms=step_small, step_all_sde_ms=step_all,
                    update_ratio=ms[f"update_W{w_all}"] / ms[f"update_W{w_small}"], step_ratio=step_all / step_small)
-    print(f"\ntraining step (rollout + update): SDE window {w_small}: {step_small:.0f} ms, all {w_all} steps SDE: "
-          f"{step_all:.0f} ms -> {summary['step_ratio']:.2f}x faster with the window "
-          f"(update alone {summary['update_ratio']:.2f}x)")
+    print(f"\nrollout, all-SDE / window: {ms['rollout_all_sde'] / ms['rollout_window']:.2f}x (one guided forward "
+          "per step either way)")
+    print(f"training step (rollout + update): SDE window {w_small}: {step_small:.0f} ms, all {w_all} steps SDE: "
+          f"{step_all:.0f} ms; all-SDE / window: step {summary['step_ratio']:.2f}x, "
+          f"update alone {summary['update_ratio']:.2f}x")
   if "torch_timestep" in ms:
     ratios = {w: ms[f"update_W{w}"] / w / ms["torch_timestep"] for w in windows}
     summary["ours_over_torch_per_timestep"] = ratios
-    print("ours / torch per trained timestep: " + ", ".join(f"W={w}: {r:.2f}" for w, r in ratios.items()))
+    summary["ours_over_torch_forward"] = ms["guided_forward"] / ms["torch_guided_forward"]
+    print(f"ours / torch: guided forward {summary['ours_over_torch_forward']:.2f}; per trained timestep "
+          + ", ".join(f"W={w}: {r:.2f}" for w, r in ratios.items()))
   else:
     print(f"torch reference skipped: {torch_note}")
   print(json.dumps(dict(args=vars(args), devices=[str(d) for d in jax.devices()], versions=versions(), **sizes,
@@ -276,8 +307,8 @@ def first_call(fn) -> float:
   return time.perf_counter() - t0
 
 
-def main(argv=None):
-  args = parse_args(argv)
+def main():
+  args = ARGS
   windows = [int(w) for w in args.windows.split(",")]
   if args.size % 32 or max(windows) > args.steps or args.window_start + args.window > args.steps:
     raise SystemExit("--size must be a multiple of 32 and every window must fit in --steps")
@@ -309,12 +340,13 @@ def main(argv=None):
   torch_note = "--no_torch"
   if not args.no_torch:
     try:
-      fns["torch_timestep"], sizes["torch_lora_params"] = torch_timestep_fn(cfg, args.lora_rank, x, traj,
-                                                                            args.torch_threads)
-      compile_s["torch_timestep"] = first_call(fns["torch_timestep"])
+      step, forward, sizes["torch_lora_params"] = torch_timestep_fn(cfg, args.lora_rank, x, traj,
+                                                                    args.torch_threads)
+      fns["torch_guided_forward"], fns["torch_timestep"] = forward, step
+      compile_s["torch_timestep"] = first_call(step)
       torch_note = ""
     except Exception as e:  # noqa: BLE001 -- reported, the column is skipped (no stand-in)
-      fns.pop("torch_timestep", None)
+      fns.pop("torch_timestep", None), fns.pop("torch_guided_forward", None)
       torch_note = f"diffusers GlmImageTransformer2DModel + PEFT could not run this config: {type(e).__name__}: {e}"
 
   names = list(fns)

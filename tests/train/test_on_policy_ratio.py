@@ -1,5 +1,5 @@
 """The first update of a rollout is on-policy: its importance ratio is 1 to within 1e-6 for float32 and
-bfloat16 compute, 1, 2 and 4 micro-batches, on 1 CPU device and on 8 host devices (2x2x2 mesh).
+bfloat16 compute, 1, 2 and 4 micro-batches on 1 CPU device, 1 and 4 on 8 host devices (2x2x2 mesh).
 
 Before the update computed the old log-probs itself, a separate full-batch pass did, and in bfloat16 the
 ratio spanned 0.973-1.033 (float32: 1 +- 2.4e-6).
@@ -21,12 +21,13 @@ def test_first_iteration_ratio_is_one(devices, mesh, tmp_path):
   assert out.returncode == 0, out.stderr[-4000:]
   result = json.loads(out.stdout.strip().splitlines()[-1])
   assert result["devices"] == devices
-  assert sorted(result["ratios"]) == sorted(f"{d}/{m}" for d in ("float32", "bfloat16") for m in (1, 2, 4))
+  micros = (1, 2, 4) if devices == 1 else (1, 4)
+  assert sorted(result["ratios"]) == sorted(f"{d}/{m}" for d in ("float32", "bfloat16") for m in micros)
   for key, (low, high) in result["ratios"].items():
     assert abs(low - 1.0) <= 1e-6 and abs(high - 1.0) <= 1e-6, (key, low, high)
   # The bfloat16 runs really computed in bfloat16: their log-probs are off the float32 sampler's.
   gaps = result["sampler_gaps"]
-  assert all(gaps[f"float32/{m}"] < 1e-4 and gaps[f"bfloat16/{m}"] > 1e-3 for m in (1, 2, 4)), gaps
+  assert all(gaps[f"float32/{m}"] < 1e-4 and gaps[f"bfloat16/{m}"] > 1e-3 for m in micros), gaps
 
 
 def test_demo_logs_an_on_policy_first_iteration_in_bfloat16(tmp_path):
