@@ -259,8 +259,6 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
     _check(jax.default_backend() == "gpu", "config.model.dit_attention", "cudnn",
            f"cuDNN flash attention needs NVIDIA GPUs; this run's backend is {jax.default_backend()!r} (use 'xla')")
   if mode == "compile":
-    _check(values["train.policies"] == "ar", "config.train.policies", values["train.policies"],
-           "--mode=compile lowers the AR policy's programs only; the decoder update is not lowered yet")
     _check(bool(values["compile.topology"]), "config.compile.topology", values["compile.topology"],
            "--mode=compile needs a target slice, e.g. --config.compile.topology=v5p-64")
     _check(not values["model.checkpoint_dir"] or os.path.isdir(values["model.checkpoint_dir"]),

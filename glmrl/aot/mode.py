@@ -40,18 +40,13 @@ def compile_report(config) -> dict:
   mesh = _mesh(config, topology_lib.devices(slice_))
   setup_lib.check_batch(config, tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
   run = programs_lib.build(config, mesh)
-  state = {
-      "params": report_lib.bytes_per_chip(run.trainable),
-      "opt_state": report_lib.bytes_per_chip(run.opt_state),
-      "frozen": report_lib.bytes_per_chip((run.frozen, *(s for _, s in run.models.values()))),
-      "reference": report_lib.bytes_per_chip(run.reference) if run.reference is not None else 0,
-  }
+  state = resident_state(run)
   resident = sum(state.values())
   flops = report_lib.step_flops(config, run.layout, run.configs, lora=run.lora.enabled,
                                 ar_params=programs_lib.decoder_params(run),
                                 dit_params=programs_lib.num_params(run.models["dit"][1]))
   entries, fits = {}, True
-  for name, builder in programs_lib.BUILDERS.items():
+  for name, builder in programs_lib.builders(run).items():
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):  # the activations' batch constraints (`sharding.constrain_batch`) read it
       program = builder(run)
@@ -80,7 +75,27 @@ def compile_report(config) -> dict:
       "step_flops": total_flops,
       "estimated_step_seconds": total_flops / (slice_.chips * slice_.chip.peak_bf16_flops * report_lib.MFU_ASSUMPTION),
       "mfu_assumption": report_lib.MFU_ASSUMPTION,
-      "trainable_params": programs_lib.num_params(run.trainable),
+      "trainable_params": programs_lib.num_params(trained(run)),
+  }
+
+
+def trained(run) -> tuple:
+  """The trees the run trains: the AR policy's and the decoder policy's."""
+  return ((run.trainable,) if run.trains_ar else ()) + ((run.decoder.trainable,) if run.decoder is not None else ())
+
+
+def resident_state(run) -> dict:
+  """Bytes per chip of what stays in HBM for the whole run, by kind. The DiT's base is in `frozen` (its
+  pipeline state, or with the decoder policy the part it does not train)."""
+  d = run.decoder
+  dit = run.models["dit"][1] if d is None else d.frozen
+  frozen = (run.frozen, dit, run.models["vae"][1], run.models["glyph"][1]) + (() if run.trains_ar else (run.trainable,))
+  references = tuple(r for r in (run.reference if run.trains_ar else None, d and d.reference) if r is not None)
+  return {
+      "params": report_lib.bytes_per_chip(trained(run)),
+      "opt_state": report_lib.bytes_per_chip(((run.opt_state,) if run.trains_ar else ()) + ((d.opt_state,) if d else ())),
+      "frozen": report_lib.bytes_per_chip(frozen),
+      "reference": report_lib.bytes_per_chip(references),
   }
 
 

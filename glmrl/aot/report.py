@@ -33,19 +33,31 @@ def step_flops(config, layout, configs, *, lora: bool, ar_params: int, dit_param
   2 L S^2 E per sequence (L layers, S tokens, E width); the update's backward costs 2x the forward
   for the activations and, for full fine-tuning, 2x more for the weight gradients; remat repeats the
   forward. DiT: both CFG branches at every step, 2 N_dit per token plus 4 L T^2 E attention over its
-  T tokens (image patches and glyph tokens). The VAE decode (convolutions) is left out.
+  T tokens (image patches and glyph tokens). The VAE decode (convolutions) is left out. With the decoder
+  policy, the rollout denoises `decoder.train_steps` steps of every image, and its update runs per trained
+  step and image the guided forward and a backward of 2x it (2x more with weight gradients of the whole DiT),
+  plus the reference's forward when decoder.beta > 0.
   """
-  b = config.data.prompts_per_step * config.grpo.group_size
+  policies = config.train.policies.split("+")
+  ga = config.grpo.group_size if "ar" in policies else 1
+  gd = config.decoder.group_size if "decoder" in policies else 1
+  rows, images = config.data.prompts_per_step * ga, config.data.prompts_per_step * ga * gd
   s = config.data.max_prompt_tokens + layout.num_new_tokens
   text, dit = configs.ar.text, configs.dit
-  ar_forward = b * (2 * ar_params * s + 2 * text.num_hidden_layers * s * s * text.hidden_size)
+  ar_forward = rows * (2 * ar_params * s + 2 * text.num_hidden_layers * s * s * text.hidden_size)
   t = (config.data.height // 16) * (config.data.width // 16) + config.data.max_glyph_tokens
   dit_width = dit.num_attention_heads * dit.attention_head_dim
-  return {
-      "ar_sampler": float(ar_forward),
-      "decoder": float(b * config.sampling.dit_steps * 2 * (2 * dit_params * t + 4 * dit.num_layers * t * t * dit_width)),
-      "update": float(config.grpo.num_iterations * ar_forward * ((2 if config.model.remat else 1) + (2 if lora else 4))),
-  }
+  guided = 2 * (2 * dit_params * t + 4 * dit.num_layers * t * t * dit_width)  # one image, one step, both branches
+  steps = config.decoder.train_steps if "decoder" in policies else config.sampling.dit_steps
+  out = {"ar_sampler": float(ar_forward), "decoder": float(images * steps * guided)}
+  if "ar" in policies:
+    out["update"] = float(config.grpo.num_iterations * ar_forward * ((2 if config.model.remat else 1) +
+                                                                     (2 if lora else 4)))
+  if "decoder" in policies:
+    d = config.decoder
+    passes = 1 + (2 if d.lora.rank else 4) + (1 if d.beta > 0 else 0)
+    out["decoder_update"] = float(d.num_iterations * images * d.window_size * guided * passes)
+  return out
 
 
 def program_entry(program, compiled, resident_bytes: int, flops: float | None) -> dict:

@@ -190,10 +190,17 @@ def model_configs(config) -> glm_image.GlmImageConfigs:
   else:
     configs = glm_image.preset_configs(config.model.preset)
   configs.check_consistent()
-  return glm_image.with_dtypes(configs, param_dtype=glm_image.DTYPES[config.model.param_dtype],
-                               compute_dtype=glm_image.DTYPES[config.model.compute_dtype],
-                               remat=config.model.remat,
-                               dit_attention={"xla": None}.get(config.model.dit_attention, config.model.dit_attention))
+  configs = glm_image.with_dtypes(configs, param_dtype=glm_image.DTYPES[config.model.param_dtype],
+                                  compute_dtype=glm_image.DTYPES[config.model.compute_dtype],
+                                  remat=config.model.remat,
+                                  dit_attention={"xla": None}.get(config.model.dit_attention,
+                                                                  config.model.dit_attention))
+  if "decoder" in config.train.policies.split("+") and config.model.remat:
+    # The decoder update differentiates the DiT: without per-block remat one 1024^2 sample's backward keeps
+    # every block's activations and attention scores of both CFG branches (--mode=compile on v5p-64: 226 GB of
+    # temporaries per chip for one sample per chip).
+    configs = dataclasses.replace(configs, dit=dataclasses.replace(configs.dit, remat=True))
+  return configs
 
 
 def processors(config, configs, texts):

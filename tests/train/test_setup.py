@@ -63,3 +63,12 @@ def test_decoupled_batch_checks_name_the_decoder_fields():
     setup.check_batch(decoupled_config(decoder__micro_batch_size=5), (1, 1, 1))
   with pytest.raises(ValueError, match=r"decode_batch=3 must divide the batch of 16 samples"):
     setup.check_batch(decoupled_config(sampling__decode_batch=3), (1, 1, 1))
+
+
+def test_decoder_policy_rematerialises_the_dit_with_model_remat():
+  from tests.train.common import decoupled_config
+
+  assert setup.model_configs(decoupled_config(model__remat=True)).dit.remat
+  assert not setup.model_configs(decoupled_config(model__remat=False)).dit.remat
+  # Without the decoder policy the DiT is never differentiated: its programs stay as they were.
+  assert not setup.model_configs(tiny_config(model__remat=True)).dit.remat
