@@ -15,7 +15,7 @@ grids), a decoder group compares the 4 samples of one grid (README "Decoder RL")
 Decoder values follow Flow-GRPO's SD3.5 recipe (github.com/yifan123/flow_grpo, config/grpo.py and
 config/base.py): noise level 0.7, 10 training steps, clip range 1e-4, advantages clipped at 5, LoRA r=32
 alpha=64 at 3e-4; the SDE window of 2 steps at a random start is Flow-GRPO-Fast's (our choice of size).
-Not yet run at full size: --mode=compile does not lower the decoder update yet.
+Checked at full size with --mode=compile (README "What fits where"); not yet trained at full size.
 """
 
 from ml_collections import config_dict
