@@ -190,7 +190,8 @@ def _check(ok: bool, key: str, value, why: str) -> None:
     raise ConfigError(f"{key}={value!r}: {why}")
 
 
-def _check_rewards(rewards, where: str = "config.rewards") -> None:
+def _check_rewards(rewards, where: str = "config.rewards", need_kwargs: bool = True) -> None:
+  """`need_kwargs`: every kwarg has a value (not --mode=compile, which builds no reward that takes any)."""
   _check(isinstance(rewards, (list, tuple)) and len(rewards) > 0, where, rewards,
          "must be a non-empty list of {'name': ..., 'weight': ...} entries")
   for i, entry in enumerate(rewards):
@@ -209,13 +210,13 @@ def _check_rewards(rewards, where: str = "config.rewards") -> None:
            "must be True or False")
     _check(isinstance(entry.get("kwargs") or {}, dict), f"{key}.kwargs", entry.get("kwargs"), "must be a mapping")
     for name, value in (entry.get("kwargs") or {}).items():
-      if value is None:
+      if value is None and need_kwargs:
         raise ConfigError(f"{key}.kwargs.{name} is required but has no value (pass --{key}.kwargs.{name}=...)")
 
 
-def _check_decoder(cfg, values) -> None:
+def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
   """The decoder policy's fields that span several (its window within its steps, what it cannot train yet)."""
-  _check_rewards(cfg.decoder.get("rewards"), "config.decoder.rewards")
+  _check_rewards(cfg.decoder.get("rewards"), "config.decoder.rewards", need_kwargs)
   steps, size, start = values["decoder.train_steps"], values["decoder.window_size"], values["decoder.window_start"]
   _check(size <= steps, "config.decoder.window_size", size,
          f"must be <= config.decoder.train_steps={steps} (the SDE window lies within the denoising steps)")
@@ -242,7 +243,7 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
   for key, rule in RULES.items():
     if key in values and not (key in unread and values[key] is None):
       rule.check(f"config.{key}", values[key])
-  _check_rewards(cfg.get("rewards"))
+  _check_rewards(cfg.get("rewards"), need_kwargs=mode != "compile")
 
   for prefix in ("", "decoder."):
     if values[f"{prefix}lora.rank"]:
@@ -250,7 +251,7 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
              f"must be > 0 with config.{prefix}lora.rank={values[f'{prefix}lora.rank']} (the update is scaled by "
              "alpha / rank)")
   if "decoder" in values["train.policies"]:
-    _check_decoder(cfg, values)
+    _check_decoder(cfg, values, need_kwargs=mode != "compile")
 
   mesh = {a: values[f"mesh.{a}"] for a in ("data", "fsdp", "tensor")}
   _check(list(mesh.values()).count(-1) <= 1, "config.mesh", mesh, "at most one axis may be -1")

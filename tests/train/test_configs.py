@@ -55,6 +55,10 @@ def test_decoupled_config_names_each_required_reward_input(tmp_path):
     config_checks.validate(c)
   c.decoder.rewards[0].kwargs.url = "http://localhost:1"
   config_checks.validate(c)
+  # --mode=compile builds no reward that takes kwargs: the recipe compiles without them.
+  c = load("glm_image_t2i_decoupled")
+  c.compile.topology = "v5p-64"
+  config_checks.validate(c, mode="compile")
   assert (c.train.policies, c.grpo.group_size, c.decoder.group_size) == ("ar+decoder", 8, 4)
   assert (c.decoder.noise_level, c.decoder.train_steps, c.decoder.clip_range, c.decoder.lora.targets) == \
       (0.7, 10, 1e-4, "dit")
