@@ -115,7 +115,10 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_
   fold_in(key, step)); returns (latents, Trajectory).
   """
   def guided(i, x):
-    return guided_velocity(dit, cond, x, model_timesteps_S[i], guidance_scale, target_size_Bx2, crop_Bx2,
+    # The loop body's own module: rematerialised blocks (DiT cfg.remat, on when the decoder policy trains) write
+    # back to their Variables, which must belong to the trace that calls them.
+    step_dit = nnx.merge(*nnx.split(dit), copy=True) if dit.cfg.remat else dit
+    return guided_velocity(step_dit, cond, x, model_timesteps_S[i], guidance_scale, target_size_Bx2, crop_Bx2,
                            source_cache)
 
   def step(i, x):

@@ -7,6 +7,8 @@ velocity reproduces (1e-5, two compiled programs); steps outside the window are 
 
 import glmrl  # noqa: F401
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,3 +86,16 @@ def test_window_steps_are_gaussian_steps_whose_logprobs_recompute(inputs):
     np.testing.assert_allclose(np.asarray(again), logp[w], rtol=1e-5, atol=1e-5)
   # The window's steps chain: x_{t+1} of one step is x_t of the next.
   np.testing.assert_array_equal(np.asarray(trajectory.latents_after[0]), np.asarray(trajectory.latents_before[1]))
+
+
+def test_rematerialised_dit_samples_as_the_plain_one(inputs):
+  """The decoder policy turns on the DiT's per-block remat (its update differentiates the DiT); the sampling loop
+  runs the same DiT forward with it (its blocks' Variables belong to the loop body's trace)."""
+  args, dit, _, _, keys = inputs
+  dit_def, dit_state = args[0], args[1]
+  remat_def, _ = nnx.split(GlmImageDiT(dataclasses.replace(dit.cfg, remat=True), rngs=nnx.Rngs(0)))
+  window = decode.SdeWindow(noise_level=0.7, size=2)
+  plain = decode.denoise_and_decode(*args, None, window, keys, 1)
+  remat = decode.denoise_and_decode(remat_def, dit_state, *args[2:], None, window, keys, 1)
+  for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(remat)):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-5, atol=1e-5)
