@@ -432,7 +432,7 @@ def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_di
   base's with the adapters merged in, and no adapter is written. A run that trained the DiT decoder
   (`decoder_params` in the step) writes `transformer/` from it; with DiT adapters the base's
   `transformer/` and `adapters/transformer/pytorch_lora_weights.safetensors` (diffusers' LoRA format:
-  `pipe.transformer.load_lora_adapter(<out>/adapters/transformer, prefix="transformer")`), or with
+  `pipe.transformer.load_lora_adapter(<out>/adapters/transformer, weight_name=...)`), or with
   `merge_lora` the adapters merged into the base.
 
   Returns {"exported": {component: {"tensors", "files"}}, "skipped", "copied", "complete",

@@ -10,7 +10,8 @@ HF linear ([J*out, in], e.g. gate_up_proj) takes lora_b's members in its row ord
 The generator (a transformers model) is written as a PEFT adapter folder (`PeftModel.from_pretrained`);
 the DiT decoder (a diffusers model, whose pipeline has no `load_lora_weights`) as diffusers' LoRA file,
 the same tensors keyed `transformer.<module>.lora_A.weight`, its LoraConfig in the file's metadata
-(`pipe.transformer.load_lora_adapter(folder, prefix="transformer")`).
+(`pipe.transformer.load_lora_adapter(folder, weight_name="pytorch_lora_weights.safetensors")`: diffusers 0.42
+looks for a .bin unless given the file name).
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def write_diffusers_adapter(out_dir: str, adapters: dict[str, np.ndarray], recor
 
   Keys are `<prefix>.<module>.lora_A.weight` / `.lora_B.weight`; the safetensors metadata
   "lora_adapter_metadata" holds the LoraConfig (`lora_config`) under the same prefix, from which
-  `ModelMixin.load_lora_adapter(out_dir, prefix=<prefix>)` (a PeftAdapterMixin) builds the adapter:
+  `ModelMixin.load_lora_adapter(out_dir, weight_name=..., prefix=<prefix>)` (a PeftAdapterMixin) builds the adapter:
   its scale is exactly alpha / rank (without that metadata diffusers would take alpha = rank).
   """
   tensors, modules = lora_tensors(adapters, key_map, f"{prefix}.")
