@@ -15,7 +15,7 @@ one meaning throughout the package:
   H  attention heads                          K  key/value heads        Q  query heads per key/value head
   I  input width of a linear map              O  output width           J  members of a stacked kernel
   U  chunks of a chunked loop                 Z  tokens of one chunk    M  micro-batches
-  R  LoRA rank
+  R  LoRA rank                                W  trained (SDE window) steps of the decoder policy
   V  vocabulary or codebook entries           C  channels               F  features (frequencies, patch pixels)
   A  rotary (angle) features                  h, w  spatial height and width (pixels, latents or grids)
 """
