@@ -26,8 +26,7 @@ from flax import struct
 from glmrl.grpo import flow
 from glmrl.models import lora as lora_lib
 from glmrl.sampling import decode
-from glmrl.train import optimizer as optimizer_lib
-from glmrl.train.step import merge_micro, split_micro
+from glmrl.train.step import apply_accumulated, merge_micro, split_micro
 
 
 @struct.dataclass
@@ -144,25 +143,9 @@ def update(graphdef, params, frozen, opt_state, rollout: DecoderRollout, window:
   """
   grads_sum, stats, old_logp = accumulate_gradients(graphdef, params, frozen, rollout, window, ref_params, first,
                                                     spec=spec)
-  denominator = jnp.maximum(stats["denominator"], 1e-30)
-  grads = jax.tree.map(lambda g: g / denominator, grads_sum)
-  loss = stats["numerator"] / denominator
-  grad_norm = optax.tree.norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  new_params, new_opt_state = jax.lax.cond(
-      finite, lambda: optimizer_lib.apply(tx, grads, opt_state, params), lambda: (params, opt_state))
-  metrics = {
-      "loss": loss,
-      "grad_norm": grad_norm,
-      "skipped": 1.0 - finite.astype(jnp.float32),
-      "learning_rate": schedule(optimizer_lib.update_count(opt_state)),
-      "ratio/mean": stats["ratio_mean"] / denominator,
-      "ratio/min": stats["ratio_min"],
-      "ratio/max": stats["ratio_max"],
-      "clip/low_frac": stats["clip_frac_low"] / denominator,
-      "clip/high_frac": stats["clip_frac_high"] / denominator,
-      "kl": stats["kl_mean"] / denominator,
-  }
+  # Every (sample, step) in the loss counts once: the statistics' means are over the denominator.
+  new_params, new_opt_state, metrics = apply_accumulated(tx, schedule, params, opt_state, grads_sum, stats,
+                                                         jnp.maximum(stats["denominator"], 1.0))
   return new_params, new_opt_state, metrics, old_logp
 
 

@@ -162,32 +162,43 @@ def update(graphdef, params, frozen, opt_state, rollout: Rollout, ref_params=Non
   """
   grads_sum, stats, old_logp, ref_logp = accumulate_gradients(graphdef, params, frozen, rollout, ref_params,
                                                               first, spec=spec)
+  per_token = jnp.maximum(jnp.sum(rollout.mask > 0), 1).astype(jnp.float32)
+  new_params, new_opt_state, metrics = apply_accumulated(tx, schedule, params, opt_state, grads_sum, stats,
+                                                         per_token)
+  if spec.tis_cap:
+    metrics["tis/weight_mean"] = stats["tis_weight_mean"] / per_token
+    metrics["tis/capped_frac"] = stats["tis_capped_frac"] / per_token
+  return new_params, new_opt_state, metrics, (old_logp, ref_logp)
+
+
+def apply_accumulated(tx, schedule, params, opt_state, grads_sum, stats, count):
+  """The optimizer step of an accumulated loss: (params, opt_state, metrics).
+
+  grads = grads_sum / sum(denominator) (the full-batch gradient); a non-finite loss or gradient leaves
+  params and optimizer state untouched and reports `skipped = 1`. The statistics' masked means
+  (`ratio_mean`, `clip_frac_*`, `kl_mean`, summed weighted by their counts) are divided by `count`.
+  """
   denominator = jnp.maximum(stats["denominator"], 1e-30)
   grads = jax.tree.map(lambda g: g / denominator, grads_sum)
   loss = stats["numerator"] / denominator
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
   new_params, new_opt_state = jax.lax.cond(
       finite, lambda: optimizer_lib.apply(tx, grads, opt_state, params), lambda: (params, opt_state))
-  per_token = jnp.maximum(jnp.sum(rollout.mask > 0), 1).astype(jnp.float32)
   metrics = {
       "loss": loss,
       "grad_norm": grad_norm,
       "skipped": 1.0 - finite.astype(jnp.float32),
       # The learning rate this update used (the schedule's own update counter).
       "learning_rate": schedule(optimizer_lib.update_count(opt_state)),
-      "ratio/mean": stats["ratio_mean"] / per_token,
+      "ratio/mean": stats["ratio_mean"] / count,
       "ratio/min": stats["ratio_min"],
       "ratio/max": stats["ratio_max"],
-      "clip/low_frac": stats["clip_frac_low"] / per_token,
-      "clip/high_frac": stats["clip_frac_high"] / per_token,
-      "kl": stats["kl_mean"] / per_token,
+      "clip/low_frac": stats["clip_frac_low"] / count,
+      "clip/high_frac": stats["clip_frac_high"] / count,
+      "kl": stats["kl_mean"] / count,
   }
-  if spec.tis_cap:
-    metrics["tis/weight_mean"] = stats["tis_weight_mean"] / per_token
-    metrics["tis/capped_frac"] = stats["tis_capped_frac"] / per_token
-  return new_params, new_opt_state, metrics, (old_logp, ref_logp)
+  return new_params, new_opt_state, metrics
 
 
 def make_update(graphdef, spec: UpdateSpec, tx, schedule, *, param_shardings=None, opt_shardings=None):

@@ -15,6 +15,10 @@ def tiny_config(**overrides):
   c.checkpoint.save_interval = 2
   c.log.image_interval = 0
   c.grpo.group_size = 4
+  return _override(c, overrides)
+
+
+def _override(c, overrides: dict):
   for key, value in overrides.items():
     section, field = key.split("__")
     c[section][field] = value
@@ -35,10 +39,7 @@ def decoupled_config(**overrides):
   c.decoder.micro_batch_size = 8
   c.decoder.optim.learning_rate = 1e-2
   c.decoder.rewards = ({"name": "saturation", "weight": 1.0},)
-  for key, value in overrides.items():
-    section, field = key.split("__")
-    c[section][field] = value
-  return c
+  return _override(c, overrides)
 
 
 def device_run_args():
