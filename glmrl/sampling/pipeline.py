@@ -313,17 +313,18 @@ class GlmImagePipeline:
 
   def decode_tokens(self, prepared: Prepared, target_Bxhxw, latents, group_size: int, source_cache=None, *,
                     dit_params=None, steps: int | None = None, sde: decode.SdeWindow | None = None,
-                    window_start=0, noise_keys_B=None):
+                    window_start=0, noise_keys_B=None, conditioning=None):
     """Denoise from `latents` conditioned on the target-grid tokens and decode: (uint8 images, latents),
     and the SDE window's `decode.Trajectory` ([W, B, ...]) when `sde` is given.
 
     `group_size`: rows per prompt. `steps`: denoising steps (default the spec's `dit_steps`).
-    `sde`, `window_start`, `noise_keys_B`: Flow-GRPO's SDE window (`decode.denoise`).
+    `sde`, `window_start`, `noise_keys_B`: Flow-GRPO's SDE window (`decode.denoise`). `conditioning`:
+    `self.conditioning(prepared, target_Bxhxw, group_size)` when the caller already has it.
     The batch is decoded in chunks of `spec.decode_batch` samples by one compiled program (the
     attention of a 1024^2 DiT step over a whole rollout would not fit); rows do not interact, so the
     result is the whole batch's. Each chunk is re-spread over the mesh's batch axes.
     """
-    cond, target_size, crop = self.conditioning(prepared, target_Bxhxw, group_size)
+    cond, target_size, crop = conditioning or self.conditioning(prepared, target_Bxhxw, group_size)
     b = target_Bxhxw.shape[0]
     chunk = self.spec.decode_batch or b
     check_decode_batch(chunk, b, group_size)

@@ -168,11 +168,13 @@ def collect(run, data_batch, key, trainable, dit_trainable=None) -> RolloutResul
     latents, noise_keys_B = decoder_noise(run, noise_key, num_prompts)
     start = window_start(cfg, window_key)
     dit_params = run.decoder.dit_params(dit_trainable)
+    # The sampler's conditioning is the update's: the glyph encoder runs once.
+    cond, target_size, crop = run.pipeline.conditioning(prepared, target_B, ga * gd)
     images, _, trajectory = run.pipeline.decode_tokens(
         prepared, target_B, latents, ga * gd, dit_params=dit_params, steps=cfg.decoder.train_steps,
-        sde=decode.SdeWindow(noise_level=float(cfg.decoder.noise_level), size=cfg.decoder.window_size), window_start=start, noise_keys_B=noise_keys_B)
+        sde=decode.SdeWindow(noise_level=float(cfg.decoder.noise_level), size=cfg.decoder.window_size),
+        window_start=start, noise_keys_B=noise_keys_B, conditioning=(cond, target_size, crop))
     window = decoder_step.Window.at(*run.pipeline.schedule(cfg.decoder.train_steps), start, cfg.decoder.window_size)
-    cond, target_size, crop = run.pipeline.conditioning(prepared, target_B, ga * gd)
     batch_first = lambda x_WxB: run.pipeline.shard_batch(jnp.swapaxes(x_WxB, 0, 1))
     decoder_batch = decoder_step.DecoderRollout(
         cond=jax.tree.map(run.pipeline.shard_batch, cond), target_size=run.pipeline.shard_batch(target_size),
