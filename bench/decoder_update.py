@@ -5,7 +5,7 @@
 
 On a random DiT somewhat bigger than `DiTConfig.tiny` with DiT LoRA (DIT_TARGETS), float32, one batch of B
 samples at R x R pixels, timed in one run (median of --reps, interleaved, after one untimed compile call):
-1. the jitted `decoder_step.make_update` (first=True: old = stop_gradient(new)) for each SDE window size W, per
+1. the jitted `glmrl.policy.decoder.update` (first=True: old = stop_gradient(new)) for each SDE window size W, per
    call and per trained timestep (/ W), also as a multiple of one CFG-guided velocity (two DiT passes): a sampling
    step's forward;
 2. the rollout's denoise + decode (`decode.denoise_and_decode`, T steps) with an SDE window of --window steps
@@ -73,8 +73,9 @@ from glmrl.models import lora as lora_lib  # noqa: E402
 from glmrl.models.dit import DiTConfig, GlmImageDiT  # noqa: E402
 from glmrl.models.vae import AutoencoderKL, VAEConfig  # noqa: E402
 from glmrl.sampling import decode, scheduler  # noqa: E402
-from glmrl.train import decoder_step  # noqa: E402
-from glmrl.train import optimizer as optimizer_lib  # noqa: E402
+from glmrl.policy import accumulate  # noqa: E402
+from glmrl.policy import decoder as decoder_step  # noqa: E402
+from glmrl.policy import optimizer as optimizer_lib  # noqa: E402
 
 # Flow-GRPO's defaults, as configs/common.py (decoder.*, sampling.guidance_scale).
 NOISE, GUIDANCE, CLIP, ADV_CLIP = 0.7, 1.5, 1e-4, 5.0
@@ -168,13 +169,13 @@ class Updater:
     tx, schedule = optimizer_lib.make_optimizer(argparse.Namespace(**optim), num_steps=1000)
     spec = decoder_step.DecoderSpec(noise_level=NOISE, guidance_scale=GUIDANCE, clip_range=CLIP,
                                     adv_clip_max=ADV_CLIP, beta=0.0, micro_batches=1, reference="adapters_off")
-    self.fn = decoder_step.make_update(graphdef, spec, tx, schedule)
+    self.fn = accumulate.jit_update(decoder_step.update, graphdef, spec=spec, tx=tx, schedule=schedule)
     self.base = base
     self.params, self.opt_state = adapters, optimizer_lib.init(tx, adapters)
 
   def call(self, rollout, window):
-    self.params, self.opt_state, metrics, _ = self.fn(self.params, self.base, self.opt_state, rollout, window,
-                                                      None, True)
+    self.params, self.opt_state, metrics, _ = self.fn(self.params, self.base, self.opt_state,
+                                                      decoder_step.DecoderBatch(rollout, window), None, True)
     jax.block_until_ready((self.params, metrics))
 
 

@@ -160,9 +160,9 @@ def test_lora_run_exports_a_peft_adapter_and_merged_weights(converted, tmp_path)
   config = glm_image_t2i_lora.get_config("tiny")
   config.model.checkpoint_dir = str(ckpt)
   run = setup.build(config)
-  adapters, step = restore_trained_params(str(workdir), run.checkpoint_params(run.trainable))
+  adapters, step = restore_trained_params(str(workdir), run.states["ar"].checkpoint_params())
   assert step == 2
-  model = nnx.merge(run.ar_graphdef, adapters, run.frozen)
+  model = nnx.merge(run.states["ar"].graphdef, adapters, run.states["ar"].frozen)
   ids, mask, grids, per_sample = _ar_inputs(run.pipeline.configs.ar)
 
   base = GlmImageForConditionalGeneration.from_pretrained(exported["adapter"] / "vision_language_encoder").eval()

@@ -42,8 +42,7 @@ def compile_report(config) -> dict:
   run = programs_lib.build(config, mesh)
   state = resident_state(run)
   resident = sum(state.values())
-  flops = report_lib.step_flops(config, run.layout, run.configs, lora=run.lora.enabled,
-                                ar_params=programs_lib.decoder_params(run),
+  flops = report_lib.step_flops(config, run.layout, run.configs, ar_params=programs_lib.decoder_params(run),
                                 dit_params=programs_lib.num_params(run.models["dit"][1]))
   entries, fits = {}, True
   for name, builder in programs_lib.builders(run).items():
@@ -80,22 +79,22 @@ def compile_report(config) -> dict:
 
 
 def trained(run) -> tuple:
-  """The trees the run trains: the AR policy's and the decoder policy's."""
-  return ((run.trainable,) if run.trains_ar else ()) + ((run.decoder.trainable,) if run.decoder is not None else ())
+  """The trees the run trains: each policy's trained state."""
+  return tuple(state.trainable for state in run.states.values())
 
 
 def resident_state(run) -> dict:
-  """Bytes per chip of what stays in HBM for the whole run, by kind. The DiT's base is in `frozen` (its
-  pipeline state, or with the decoder policy the part it does not train)."""
-  d = run.decoder
-  dit = run.models["dit"][1] if d is None else d.frozen
-  frozen = (run.frozen, dit, run.models["vae"][1], run.models["glyph"][1]) + (() if run.trains_ar else (run.trainable,))
-  references = tuple(r for r in (run.reference if run.trains_ar else None, d and d.reference) if r is not None)
+  """Bytes per chip of what stays in HBM for the whole run, by kind. `frozen`: every model's part that no
+  policy trains (a trained model's base, the other models whole)."""
+  states = run.states.values()
+  trained_models = {s.policy.component for s in states}
+  frozen = tuple(s.frozen for s in states) + tuple(state for name, (_, state) in run.models.items()
+                                                   if name not in trained_models)
   return {
       "params": report_lib.bytes_per_chip(trained(run)),
-      "opt_state": report_lib.bytes_per_chip(((run.opt_state,) if run.trains_ar else ()) + ((d.opt_state,) if d else ())),
+      "opt_state": report_lib.bytes_per_chip(tuple(s.opt_state for s in states)),
       "frozen": report_lib.bytes_per_chip(frozen),
-      "reference": report_lib.bytes_per_chip(references),
+      "reference": report_lib.bytes_per_chip(tuple(s.reference for s in states if s.reference is not None)),
   }
 
 

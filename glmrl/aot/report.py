@@ -14,6 +14,8 @@ import math
 import jax
 import numpy as np
 
+from glmrl.policy import registry
+
 MFU_ASSUMPTION = 0.4  # model FLOPs utilisation assumed for the step-time estimate
 
 
@@ -26,7 +28,7 @@ def bytes_per_chip(tree) -> int:
   return int(total)
 
 
-def step_flops(config, layout, configs, *, lora: bool, ar_params: int, dit_params: int) -> dict:
+def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> dict:
   """FLOPs of one training step by program, from the standard dense-transformer formulas.
 
   AR: 2 N per token and forward (N = `ar_params`, the text decoder and head) plus causal attention
@@ -38,25 +40,26 @@ def step_flops(config, layout, configs, *, lora: bool, ar_params: int, dit_param
   step and image the guided forward and a backward of 2x it (2x more with weight gradients of the whole DiT),
   plus the reference's forward when decoder.beta > 0.
   """
-  policies = config.train.policies.split("+")
-  ga = config.grpo.group_size if "ar" in policies else 1
-  gd = config.decoder.group_size if "decoder" in policies else 1
-  rows, images = config.data.prompts_per_step * ga, config.data.prompts_per_step * ga * gd
+  policies = registry.trained(config)
+  request = registry.rollout_request(config)
+  rows = config.data.prompts_per_step * request.grids_per_prompt
+  images = config.data.prompts_per_step * request.images_per_prompt
   s = config.data.max_prompt_tokens + layout.num_new_tokens
   text, dit = configs.ar.text, configs.dit
   ar_forward = rows * (2 * ar_params * s + 2 * text.num_hidden_layers * s * s * text.hidden_size)
   t = (config.data.height // 16) * (config.data.width // 16) + config.data.max_glyph_tokens
   dit_width = dit.num_attention_heads * dit.attention_head_dim
   guided = 2 * (2 * dit_params * t + 4 * dit.num_layers * t * t * dit_width)  # one image, one step, both branches
-  steps = config.decoder.train_steps if "decoder" in policies else config.sampling.dit_steps
+  steps = config.decoder.train_steps if request.sde else config.sampling.dit_steps
   out = {"ar_sampler": float(ar_forward), "decoder": float(images * steps * guided)}
   if "ar" in policies:
-    out["update"] = float(config.grpo.num_iterations * ar_forward * ((2 if config.model.remat else 1) +
-                                                                     (2 if lora else 4)))
+    settings = policies["ar"].settings(config)
+    out["update"] = float(settings.num_iterations * ar_forward * ((2 if config.model.remat else 1) +
+                                                                  (2 if settings.lora.enabled else 4)))
   if "decoder" in policies:
-    d = config.decoder
-    passes = 1 + (2 if d.lora.rank else 4) + (1 if d.beta > 0 else 0)
-    out["decoder_update"] = float(d.num_iterations * images * d.window_size * guided * passes)
+    settings = policies["decoder"].settings(config)
+    passes = 1 + (2 if settings.lora.enabled else 4) + (1 if settings.beta > 0 else 0)
+    out["decoder_update"] = float(settings.num_iterations * images * config.decoder.window_size * guided * passes)
   return out
 
 

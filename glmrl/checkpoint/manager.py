@@ -103,27 +103,28 @@ def check_adapters(directory: str, adapters: dict | None, has_steps: bool, file:
 
 
 class TrainCheckpointer:
-  """CheckpointManager with async saves every `save_interval` steps, keeping the last `max_to_keep`."""
+  """CheckpointManager with async saves every `save_interval` steps, keeping the last `max_to_keep`.
 
-  def __init__(self, workdir: str, save_interval: int, max_to_keep: int, ar_hf_config: dict | None = None,
-               source_checkpoint_dir: str | None = None, adapters: dict | None = None,
-               decoder_adapters: dict | None = None, trains_decoder: bool = False, dit_hf_config: dict | None = None):
-    """`source_checkpoint_dir`: the converted folder the run's models come from ("" for a random
-    preset); recorded in source.json so the export can write a complete pipeline folder.
-    `adapters`: a LoRA run's adapter settings and base identity (`check_adapters`), recorded in
-    lora.json; its `params` items then hold the adapters only. `trains_decoder`: the run trains the DiT
-    (its `DECODER_PARAMS` items), with DiT LoRA `decoder_adapters` recorded in decoder_lora.json."""
+  A step holds `rng`, `meta` and the trained policies' items by name (the AR generator's `params` and
+  `opt_state`, the decoder's `DECODER_PARAMS` and `DECODER_OPT_STATE`)."""
+
+  def __init__(self, workdir: str, save_interval: int, max_to_keep: int, *, items: tuple[str, ...] = (
+      "params", "opt_state"), records: dict | None = None, adapters: dict | None = None,
+               source_checkpoint_dir: str | None = None):
+    """`items`: the trained states' item names. `records`: JSON files written beside the steps (file name ->
+    value; e.g. `AR_CONFIG_FILE`, the models' HF configs for the export). `adapters`: each trained policy's
+    adapters record file (`LORA_FILE`, `DECODER_LORA_FILE`) -> its LoRA settings and base identity
+    (`check_adapters`), or None for full fine-tuning. `source_checkpoint_dir`: the converted folder the run's
+    models come from ("" for a random preset); recorded in source.json so the export can write a complete
+    pipeline folder."""
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     os.makedirs(self.directory, exist_ok=True)
     # Before anything is written: a mismatch leaves the folder as it was.
     has_steps = bool(saved_steps(workdir))
-    check_adapters(self.directory, adapters, has_steps)
-    if trains_decoder:
-      check_adapters(self.directory, decoder_adapters, has_steps, DECODER_LORA_FILE)
-    if ar_hf_config is not None:
-      write_json_atomic(os.path.join(self.directory, AR_CONFIG_FILE), ar_hf_config)
-    if dit_hf_config is not None:  # the trained DiT's architecture, for an export without a source folder
-      write_json_atomic(os.path.join(self.directory, DIT_CONFIG_FILE), dit_hf_config)
+    for file, record in (adapters or {}).items():
+      check_adapters(self.directory, record, has_steps, file)
+    for file, value in (records or {}).items():
+      write_json_atomic(os.path.join(self.directory, file), value)
     if source_checkpoint_dir is not None:
       source = os.path.abspath(source_checkpoint_dir) if source_checkpoint_dir else ""
       write_json_atomic(os.path.join(self.directory, SOURCE_FILE), {"checkpoint_dir": source})
@@ -131,23 +132,17 @@ class TrainCheckpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(
             save_interval_steps=save_interval, max_to_keep=max_to_keep, enable_async_checkpointing=True),
-        item_names=("params", "opt_state", "rng", "meta", DECODER_PARAMS, DECODER_OPT_STATE))
-    if adapters is not None:
-      write_json_atomic(os.path.join(self.directory, LORA_FILE), adapters)
-    if decoder_adapters is not None:
-      write_json_atomic(os.path.join(self.directory, DECODER_LORA_FILE), decoder_adapters)
+        item_names=(*items, "rng", "meta"))
+    for file, record in (adapters or {}).items():
+      if record is not None:
+        write_json_atomic(os.path.join(self.directory, file), record)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def save(self, step: int, params, opt_state, rng_key, meta: dict, *, extra: dict | None = None,
-           force: bool = False) -> bool:
-    """Saves (asynchronously) if `step` is on the interval or `force`; returns whether it saved.
-
-    `params` / `opt_state` None: not saved (a run that does not train the AR generator). `extra`: more
-    items by name (the decoder's, `DECODER_PARAMS` and `DECODER_OPT_STATE`)."""
-    items = {k: v for k, v in (("params", params), ("opt_state", opt_state), *(extra or {}).items())
-             if v is not None}
+  def save(self, step: int, items: dict, rng_key, meta: dict, *, force: bool = False) -> bool:
+    """Saves (asynchronously) `items` (name -> state) if `step` is on the interval or `force`; returns whether
+    it saved."""
     return self.manager.save(
         step,
         args=ocp.args.Composite(
@@ -157,25 +152,21 @@ class TrainCheckpointer:
             meta=ocp.args.JsonSave(meta)),
         force=force)
 
-  def restore(self, step: int, abstract_params, abstract_opt_state, abstract_rng_key, abstract_extra=None):
-    """Restores onto the shardings carried by the abstract trees; returns (params, opt_state, key, meta, extra)
-    (None for an item whose abstract tree is None)."""
+  def restore(self, step: int, abstract_items: dict, abstract_rng_key):
+    """Restores the named items onto the shardings carried by their abstract trees; returns (items, key, meta)."""
     abstract_key_data = jax.eval_shape(jax.random.key_data, abstract_rng_key)
     key_data = np.zeros(abstract_key_data.shape, abstract_key_data.dtype)
-    items = {k: v for k, v in (("params", abstract_params), ("opt_state", abstract_opt_state),
-                               *(abstract_extra or {}).items()) if v is not None}
     restored = self.manager.restore(
         step,
         args=ocp.args.Composite(
-            **{k: ocp.args.StandardRestore(v) for k, v in items.items()},
+            **{k: ocp.args.StandardRestore(v) for k, v in abstract_items.items()},
             rng=ocp.args.StandardRestore({"key_data": key_data}),
             meta=ocp.args.JsonRestore()))
     key = jax.random.wrap_key_data(np.asarray(restored.rng["key_data"]), impl=jax.random.key_impl(abstract_rng_key))
-    get = lambda k: restored[k] if k in items else None
-    return get("params"), get("opt_state"), key, restored.meta, {k: get(k) for k in (abstract_extra or {})}
+    return {k: restored[k] for k in abstract_items}, key, restored.meta
 
-  def restore_latest(self, abstract_params, abstract_opt_state, abstract_rng_key, abstract_extra=None):
-    """(step, params, opt_state, key, meta, extra) of the newest step that restores, or None without steps.
+  def restore_latest(self, abstract_items: dict, abstract_rng_key):
+    """(step, items, key, meta) of the newest step that restores, or None without steps.
 
     A step that fails to restore is logged (step, path, error) and the next older one is tried.
     Once one restores, the newer unreadable steps are moved into `unreadable/` (kept for
@@ -185,8 +176,7 @@ class TrainCheckpointer:
     CheckpointError lists each step's error.
     """
     step, restored, failures = restore_newest(
-        self.directory, self.manager.all_steps(),
-        lambda s: self.restore(s, abstract_params, abstract_opt_state, abstract_rng_key, abstract_extra))
+        self.directory, self.manager.all_steps(), lambda s: self.restore(s, abstract_items, abstract_rng_key))
     if step is None:
       return None
     for bad, _ in failures:

@@ -11,7 +11,6 @@ the batch and a run is reproducible from its seed.
 
 from __future__ import annotations
 
-import collections
 import functools
 
 import jax
@@ -23,10 +22,6 @@ from glmrl.models.ar import positions as positions_lib
 from glmrl.models.ar.model import merge_image_tokens
 from glmrl.models.ar.prompt import GenerationLayout, TokenizedPrompts
 from glmrl.sampling.logprobs import SamplingConfig, TokenRule, filter_mask, head_logits, masked_logprobs
-
-# Traces of the compiled sampler (one per distinct static signature); tests read it.
-TRACES = collections.Counter()
-
 
 @struct.dataclass
 class SampleOutput:
@@ -57,7 +52,6 @@ def _choose(logits_BxV, step, keys_B, cfg: SamplingConfig, rule: TokenRule):
 @functools.partial(jax.jit, static_argnames=("graphdef", "layout", "cfg"))
 def _sample_ids(graphdef, state, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN, keys_B, *,
                 layout: GenerationLayout, cfg: SamplingConfig):
-  TRACES["sample_ids"] += 1
   model = nnx.merge(graphdef, state)
   rule = TokenRule.for_model(model, layout, cfg.constrain_to_codebook)
   b, l = input_ids_BxL.shape

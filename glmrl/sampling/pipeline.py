@@ -11,11 +11,13 @@ tokens are padded to fixed multiples).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax import struct
 from PIL import Image
 
 from glmrl import sharding as sharding_lib
@@ -68,6 +70,23 @@ class Prepared:
   glyph: object               # GlyphTokens of the prompts
   source_images: np.ndarray | None = None  # uint8 [P, n, H, W, 3] condition images (image-to-image)
   source_ids: np.ndarray | None = None     # int32 [P, n, H/32, W/32] their AR VQ token grids
+
+
+@struct.dataclass
+class Conditioned:
+  """The DiT conditioning of a batch's rows and their target sizes and crops ([B, 2] each)."""
+  dit: decode.Conditioning
+  target_size: jax.Array
+  crop: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SdeRequest:
+  """Flow-GRPO's SDE window in a decode (`decode.denoise`): its shape, its first step (traced) and one
+  noise key per row."""
+  window: decode.SdeWindow
+  start: jax.Array
+  noise_keys_B: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,10 +294,15 @@ class GlmImagePipeline:
             jnp.broadcast_to(neg_embeds, (b,) + neg_embeds.shape[1:]),
             jnp.broadcast_to(neg_mask, (b,) + neg_mask.shape[1:]))
 
+  @property
+  def latent_shape(self) -> tuple[int, int, int]:
+    """(C, h, w) of one sample's latents."""
+    f = self.configs.vae.scale_factor
+    return self.configs.dit.in_channels, self.spec.height // f, self.spec.width // f
+
   def initial_latents(self, key, num_prompts: int, group_size: int):
     """Standard normal latents [B, C, H/8, W/8]; shared within a group when the spec says so."""
-    f = self.configs.vae.scale_factor
-    shape = (self.configs.dit.in_channels, self.spec.height // f, self.spec.width // f)
+    shape = self.latent_shape
     if self.spec.share_noise_in_group:
       return self.shard_batch(jnp.repeat(jax.random.normal(key, (num_prompts, *shape)), group_size, axis=0))
     return self.shard_batch(jax.random.normal(key, (num_prompts * group_size, *shape)))
@@ -295,13 +319,13 @@ class GlmImagePipeline:
       return decode.write_source_cache(dit_def, dit_params, vae_def, vae_params,
                                        jnp.asarray(prepared.source_images), prior_PxGxX.reshape(p, n, -1))
 
-  def conditioning(self, prepared: Prepared, target_Bxhxw, group_size: int) -> tuple:
-    """(DiT Conditioning, target sizes [B, 2], crops [B, 2]) of `group_size` rows per prompt."""
+  def conditioning(self, prepared: Prepared, target_Bxhxw, group_size: int) -> Conditioned:
+    """The DiT conditioning, target sizes and crops of `group_size` rows per prompt."""
     glyph, mask, neg, neg_mask = self.glyph_embeddings(prepared, group_size)
     cond = decode.Conditioning(decode.upsample_prior_tokens(target_Bxhxw), glyph, mask, neg, neg_mask)
     b = target_Bxhxw.shape[0]
     target_size = jnp.tile(jnp.array([[self.spec.height, self.spec.width]], jnp.float32), (b, 1))
-    return cond, target_size, jnp.zeros((b, 2), jnp.float32)
+    return Conditioned(cond, target_size, jnp.zeros((b, 2), jnp.float32))
 
   def dit_params(self, dit_params=None):
     """`dit_params` (a state or a tuple of states, e.g. (adapters, base)) or the pipeline's own DiT state."""
@@ -312,44 +336,46 @@ class GlmImagePipeline:
     return self.models["dit"][1]
 
   def decode_tokens(self, prepared: Prepared, target_Bxhxw, latents, group_size: int, source_cache=None, *,
-                    dit_params=None, steps: int | None = None, sde: decode.SdeWindow | None = None,
-                    window_start=0, noise_keys_B=None, conditioning=None):
+                    dit_params=None, steps: int | None = None, sde: SdeRequest | None = None,
+                    conditioning: Conditioned | None = None):
     """Denoise from `latents` conditioned on the target-grid tokens and decode: (uint8 images, latents),
     and the SDE window's `decode.Trajectory` ([W, B, ...]) when `sde` is given.
 
     `group_size`: rows per prompt. `steps`: denoising steps (default the spec's `dit_steps`).
-    `sde`, `window_start`, `noise_keys_B`: Flow-GRPO's SDE window (`decode.denoise`). `conditioning`:
-    `self.conditioning(prepared, target_Bxhxw, group_size)` when the caller already has it.
+    `conditioning`: `self.conditioning(prepared, target_Bxhxw, group_size)` when the caller already has it.
     The batch is decoded in chunks of `spec.decode_batch` samples by one compiled program (the
     attention of a 1024^2 DiT step over a whole rollout would not fit); rows do not interact, so the
-    result is the whole batch's. Each chunk is re-spread over the mesh's batch axes.
+    result is the whole batch's. Each chunk is re-spread over the mesh's batch axes. The chunk size was
+    checked against the batch when the run was built (`setup.check_batch`).
     """
-    cond, target_size, crop = conditioning or self.conditioning(prepared, target_Bxhxw, group_size)
+    cond = conditioning or self.conditioning(prepared, target_Bxhxw, group_size)
     b = target_Bxhxw.shape[0]
     chunk = self.spec.decode_batch or b
-    check_decode_batch(chunk, b, group_size)
     dit_def = self.models["dit"][0]
     dit_params = self.dit_params(dit_params)
     vae_def, vae_params = self.models["vae"]
     timesteps, sigmas = self.schedule(steps or self.spec.dit_steps)
-    def run(cond, latents, size, crop, cache, keys):
-      with sharding_lib.use_mesh(self.mesh):
-        return decode.denoise_and_decode(dit_def, dit_params, vae_def, vae_params, cond, latents,
-                                         timesteps, sigmas, self.spec.guidance_scale, size, crop,
-                                         cache, sde, keys, window_start)
+    window, start = (sde.window, sde.start) if sde is not None else (None, 0)
 
+    def run(cond: Conditioned, latents, cache, keys):
+      with sharding_lib.use_mesh(self.mesh):
+        return decode.denoise_and_decode(dit_def, dit_params, vae_def, vae_params, cond.dit, latents,
+                                         timesteps, sigmas, self.spec.guidance_scale, cond.target_size, cond.crop,
+                                         cache, window, keys, start)
+
+    keys_B = None if sde is None else sde.noise_keys_B
     if chunk == b:
-      return run(cond, latents, target_size, crop, source_cache, noise_keys_B)
+      return run(cond, latents, source_cache, keys_B)
     outs = []
-    for start in range(0, b, chunk):
-      part = lambda x: self.shard_batch(x[start:start + chunk])
+    for first in range(0, b, chunk):
+      part = lambda x: self.shard_batch(x[first:first + chunk])
       cache = None
       if source_cache is not None:  # slot i serves the group_size rows of prompt i
-        first, last = start // group_size, -(-(start + chunk) // group_size)
-        cache = source_cache._replace(k=source_cache.k[:, first:last], v=source_cache.v[:, first:last],
-                                      valid=source_cache.valid[first:last])
-      keys = None if noise_keys_B is None else noise_keys_B[start:start + chunk]
-      outs.append(run(jax.tree.map(part, cond), part(latents), part(target_size), part(crop), cache, keys))
+        lo, hi = first // group_size, -(-(first + chunk) // group_size)
+        cache = source_cache._replace(k=source_cache.k[:, lo:hi], v=source_cache.v[:, lo:hi],
+                                      valid=source_cache.valid[lo:hi])
+      keys = None if keys_B is None else keys_B[first:first + chunk]
+      outs.append(run(jax.tree.map(part, cond), part(latents), cache, keys))
     images, out_latents = jnp.concatenate([o[0] for o in outs]), jnp.concatenate([o[1] for o in outs])
     if sde is None:
       return images, out_latents
@@ -371,14 +397,6 @@ class GlmImagePipeline:
     return Generated(sample, images, latents)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _encode_glyph(graphdef, params, tokens):
-  return _encode_glyph_fn(graphdef)(params, tokens)
-
-
-_GLYPH_FNS = {}
-
-
-def _encode_glyph_fn(graphdef):
-  if graphdef not in _GLYPH_FNS:
-    _GLYPH_FNS[graphdef] = jax.jit(lambda params, tokens: encode_glyph_embeds(nnx.merge(graphdef, params), tokens))
-  return _GLYPH_FNS[graphdef]
+  return encode_glyph_embeds(nnx.merge(graphdef, params), tokens)

@@ -1,1 +1,2 @@
-"""GRPO training of the GLM-Image AR generator: optimizer, train step, loop."""
+"""The run's modes over the trained policies (`glmrl.policy`): setup from the config, the rollout shared by
+every policy, the training loop, evaluation and generation."""

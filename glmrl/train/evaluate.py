@@ -12,10 +12,10 @@ from glmrl.logging import run_writer
 from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib
 from glmrl.train.rollout import host_metadata
-from glmrl.train.sample import Policies, restored_params, sample_batches
+from glmrl.train.sample import restored_params, sample_batches
 
 
-def run_eval(run, params: Policies, writer, step: int) -> dict:
+def run_eval(run, params: dict, writer, step: int) -> dict:
   """Samples group_size images per held-out prompt with the fixed eval seed (the ODE, sampling.dit_steps)
   and logs their rewards: the AR policy's under eval/reward/, the decoder policy's under
   eval/decoder/reward/ when it trains."""
@@ -23,9 +23,10 @@ def run_eval(run, params: Policies, writer, step: int) -> dict:
   records = run.eval_records
   if not records:
     raise ValueError("evaluation needs config.eval.prompts_file")
+  # config.rewards under eval/reward/; every other trained policy's own rewards under eval/<its prefix>.
   composers = {"": run.composer}
-  if run.decoder_composer is not None:
-    composers["decoder/"] = run.decoder_composer
+  composers.update({run.policies[name].prefix(tuple(run.policies)): c for name, c in run.composers.items()
+                    if c is not run.composer})
   totals, components, images_out, prompts_out = {k: [] for k in composers}, {}, None, None
   for batch, out, real in sample_batches(run, records, params):
     prompts = [p for p in batch.prompts for _ in range(g)]

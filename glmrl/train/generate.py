@@ -24,10 +24,10 @@ from PIL import Image
 from glmrl.logging import make_grid
 from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib
-from glmrl.train.sample import Policies, restored_params, sample_batches
+from glmrl.train.sample import restored_params, sample_batches
 
 
-def sample_records(run, records, params: Policies) -> dict:
+def sample_records(run, records, params: dict) -> dict:
   """group_size samples of every record (`glmrl.train.sample.sample_batches`), fetched to numpy.
 
   Returns `images` [N, H, W, 3] uint8, `target` [N, h, w], `tokens` and `logprobs` [N, T],

@@ -2,8 +2,8 @@
 
 Everything stays on device between the sampler, the decoder, pure-JAX rewards and the advantages;
 only host-side rewards (e.g. JPEG size) fetch the images. Scoring is `RewardComposer.score`, the
-path evaluation takes too. The learner's old log-probs are not
-computed here: the first update computes them (`glmrl.train.step`).
+path evaluation takes too. Each trained policy turns the scores into its own batch
+(`glmrl.policy`). The learner's old log-probs are not computed here: the first update computes them.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import struct
+
 from glmrl import grpo
+from glmrl.policy import decoder as decoder_policy
 from glmrl.sampling import decode
-from glmrl.train import decoder_step
-from glmrl.train import step as step_lib
+from glmrl.sampling.pipeline import SdeRequest
 
 
 @functools.partial(jax.jit, static_argnames=("group_size", "scale", "estimator", "std_eps", "drop_constant"))
@@ -39,60 +41,43 @@ def advantage_stats(total_B, *, group_size, scale, estimator, std_eps, drop_cons
   return advantages_B, keep_B, jnp.mean(constant_P.astype(jnp.float32))
 
 
-@functools.partial(jax.jit, static_argnames=("forced_end",))
-def logprob_metrics(sampler_logp, old_logp, *, forced_end: bool) -> dict:
-  """Rollout-level scalars of the learner's old log-probs [B, N] (from the first update).
-
-  forced_end: the last generated token is the end token by rule (log-prob 0 under both); it is no
-  sample of the policy and stays out of the entropy estimate.
-  """
-  sampled_BxN = old_logp[:, :-1] if forced_end else old_logp
-  return {
-      # The sampler's log-probs vs the learner's recomputation of the same policy: their kernels differ
-      # (KV-cache decode vs teacher forcing), equal up to float rounding in float32 but not in bfloat16;
-      # `grpo.tis_cap` corrects for the difference.
-      "logprob/sampler_vs_recomputed_max_abs": jnp.max(jnp.abs(sampler_logp - old_logp)),
-      # Monte-Carlo estimate of the sampling distribution's per-token entropy, E[-log p].
-      "policy/entropy": -jnp.mean(sampled_BxN),
-  }
-
-
-def token_mask(layout, loss_tokens: str) -> jnp.ndarray:
-  """[N] 1.0 for the generated tokens the loss covers: all of them, or only the target grid's."""
-  n = layout.num_new_tokens
-  if loss_tokens == "all":
-    return jnp.ones((n,), jnp.float32)
-  target = layout.grid_slice(layout.target)
-  return jnp.zeros((n,), jnp.float32).at[target].set(1.0)
-
-
 def host_metadata(batch_metadata: dict, group_size: int) -> dict:
   """All of the batch's metadata repeated to one row per sample (arrays and lists)."""
   return {k: (np.repeat(v, group_size, axis=0) if isinstance(v, np.ndarray) else
               [x for x in v for _ in range(group_size)]) for k, v in batch_metadata.items()}
 
 
+@struct.dataclass
+class SdeRollout:
+  """The decoder policy's part of a rollout: its rows' DiT conditioning, the SDE window's recorded steps
+  (`latents_*`, `sampler_logp`; learner log-probs, advantages and mask still empty) and the window."""
+  rollout: decoder_policy.DecoderRollout
+  window: decoder_policy.Window
+  start: jax.Array  # the window's first step
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampled:
+  """What one rollout sampled, before any policy's scoring (`Policy.rollout_batch` reads it)."""
+  sample: Any                     # ar_sampler.SampleOutput: [B_grids, ...] tokens, log-probs, sequences
+  images: jax.Array               # [B, H, W, 3] uint8
+  sde: SdeRollout | None = None   # with an SDE window (the decoder policy trains)
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutResult:
-  """One collected batch: what the updates read (`batch`, `decoder_batch`) and what the step logs.
+  """One collected batch: what each policy's updates read (`batches`, by policy name) and what the step logs.
 
-  Rows: prompts x token grids x decoder samples (`setup.rollout_groups`), prompt-major; the AR batch has
-  one row per token grid, the decoder batch one per image."""
-  batch: step_lib.Rollout | None  # the AR update's inputs (None when it does not train); old/ref log-probs NaN
-  prompt_len: int                 # the prompt part of each sequence (static: one compiled update)
-  layout: Any                     # the generated grids' layout (`sample.layout`)
+  Rows: prompts x token grids x decoder samples (`Run.request`), prompt-major; the AR batch has one row per
+  token grid, the decoder batch one per image."""
+  batches: dict                   # policy name -> its update's inputs; learner log-probs NaN
+  update_shapes: dict             # policy name -> what its compiled update depends on (static)
   images: jax.Array               # [B, H, W, 3] uint8
-  total: jax.Array                # [B] total reward of each image (the AR policy's rewards, else the decoder's)
+  total: jax.Array                # [B] total reward of each image (the first policy's rewards)
   prompts: list[str]              # B prompts, one per image
   metrics: dict                   # rollout-level scalars (reward/..., advantage/...), on device
   timings: dict                   # {"rollout", "reward"} seconds
-  decoder_batch: decoder_step.DecoderRollout | None = None  # the decoder update's inputs
-  window: decoder_step.Window | None = None                 # its trained steps
-
-  @property
-  def update_shape(self) -> tuple:
-    """What the compiled update depends on besides the batch size."""
-    return self.prompt_len, self.layout
+  tokens: int                     # generated tokens of the rollout
 
 
 def decoder_noise(run, key, num_prompts: int):
@@ -101,25 +86,15 @@ def decoder_noise(run, key, num_prompts: int):
   Shared within a prompt's token grids when `sampling.share_noise_in_group` (the AR groups then differ
   only by their tokens, as in an "ar" run), distinct across a grid's decoder samples always (the decoder
   groups differ only by the decoder's noise)."""
-  ga, gd = run.ar_group, run.decoder_group
+  request = run.request
+  ga, gd = request.grids_per_prompt, request.samples_per_grid
   share = run.config.sampling.share_noise_in_group
   row_B = np.arange(num_prompts * ga * gd)
   source_B = (row_B // (ga * gd)) * gd + row_B % gd if share else row_B
   draws = num_prompts * (gd if share else ga * gd)
   latent_key, sde_key = jax.random.split(key)
-  cfg = run.pipeline.configs
-  f = cfg.vae.scale_factor
-  shape = (cfg.dit.in_channels, run.pipeline.spec.height // f, run.pipeline.spec.width // f)
-  latents = run.pipeline.shard_batch(jax.random.normal(latent_key, (draws, *shape))[source_B])
+  latents = run.pipeline.shard_batch(jax.random.normal(latent_key, (draws, *run.pipeline.latent_shape))[source_B])
   return latents, jax.random.split(sde_key, draws)[source_B]
-
-
-def window_start(config, key):
-  """The SDE window's first step: config.decoder.window_start, or -1: uniform over the steps it fits."""
-  d = config.decoder
-  if d.window_start >= 0:
-    return jnp.asarray(d.window_start, jnp.int32)
-  return jax.random.randint(key, (), 0, d.train_steps - d.window_size + 1, jnp.int32)
 
 
 def _reward_metrics(prefix: str, total, components, advantages, zero_var) -> dict:
@@ -136,86 +111,78 @@ def _reward_metrics(prefix: str, total, components, advantages, zero_var) -> dic
   return out
 
 
-def ar_prefix(run) -> str:
-  """The AR policy's metrics prefix: none in an AR-only run (its names as ever), "ar/" beside the decoder."""
-  return "" if run.policies == ("ar",) else "ar/"
+def _sde_decode(run, prepared, sample, key, dit_params) -> tuple:
+  """(images, SdeRollout) of the decoder policy's rollout: every grid decoded `samples_per_grid` times with
+  the SDE window at its (possibly random) start."""
+  cfg, pipeline, request = run.config, run.pipeline, run.request
+  num_prompts = len(prepared.prompts)
+  noise_key, window_key = jax.random.split(key)
+  target_B = pipeline.shard_batch(jnp.repeat(sample.target, request.samples_per_grid, axis=0))
+  latents, noise_keys_B = decoder_noise(run, noise_key, num_prompts)
+  start = decoder_policy.window_start(cfg, window_key)
+  # The sampler's conditioning is the update's: the glyph encoder runs once.
+  cond = pipeline.conditioning(prepared, target_B, request.images_per_prompt)
+  sde = decode.SdeWindow(noise_level=float(cfg.decoder.noise_level), size=cfg.decoder.window_size)
+  images, _, trajectory = pipeline.decode_tokens(
+      prepared, target_B, latents, request.images_per_prompt, dit_params=dit_params,
+      steps=cfg.decoder.train_steps, sde=SdeRequest(sde, start, noise_keys_B), conditioning=cond)
+  window = decoder_policy.Window.at(*pipeline.schedule(cfg.decoder.train_steps), start, cfg.decoder.window_size)
+  batch_first = lambda x_WxB: pipeline.shard_batch(jnp.swapaxes(x_WxB, 0, 1))
+  rollout = decoder_policy.DecoderRollout(
+      cond=jax.tree.map(pipeline.shard_batch, cond.dit), target_size=pipeline.shard_batch(cond.target_size),
+      crop=pipeline.shard_batch(cond.crop), latents_before=batch_first(trajectory.latents_before),
+      latents_after=batch_first(trajectory.latents_after), sampler_logp=batch_first(trajectory.sampler_logp),
+      old_logp=None, advantages=None, mask=None)
+  return images, SdeRollout(rollout, window, start)
 
 
-def collect(run, data_batch, key, trainable, dit_trainable=None) -> RolloutResult:
-  """Samples, decodes and scores one batch.
+def collect(run, data_batch, key, trainables: dict) -> RolloutResult:
+  """Samples, decodes and scores one batch for every trained policy (`trainables`: policy name -> its
+  current trained state).
 
   The learner's old_logp (and ref_logp when the KL term is on) are computed by the first update,
   which returns them; until then they are NaN, so anything reading them earlier poisons the loss
-  (and the update skips itself) instead of passing silently. `dit_trainable`: the decoder policy's
-  trained DiT state (with "decoder" in config.train.policies).
+  (and the update skips itself) instead of passing silently.
   """
-  cfg = run.config
-  ga, gd = run.ar_group, run.decoder_group
+  cfg, request = run.config, run.request
+  ga = request.grids_per_prompt
   num_prompts = len(data_batch.prompts)
+  params = run.sampling_params(trainables)
   t0 = time.perf_counter()
   source = data_batch.source_images if cfg.data.mode == "i2i" else None
-  prepared = run.pipeline.prepare(data_batch.prompts, source, ar_params=(trainable, run.frozen))
+  prepared = run.pipeline.prepare(data_batch.prompts, source, ar_params=params["ar_params"])
   token_key, noise_key = jax.random.split(key)
   sample = run.pipeline.sample_tokens(prepared, jax.random.split(token_key, num_prompts * ga), ga,
-                                      ar_params=(trainable, run.frozen))
-  decoder_batch = window = None
-  if run.decoder is None:
-    latents = run.pipeline.initial_latents(noise_key, num_prompts, ga)
-    images, _ = run.pipeline.decode_tokens(prepared, sample.target, latents, ga, run.pipeline.source_cache(prepared))
+                                      ar_params=params["ar_params"])
+  if request.sde:
+    images, sde = _sde_decode(run, prepared, sample, noise_key, params["dit_params"])
   else:
-    noise_key, window_key = jax.random.split(noise_key)
-    target_B = run.pipeline.shard_batch(jnp.repeat(sample.target, gd, axis=0))
-    latents, noise_keys_B = decoder_noise(run, noise_key, num_prompts)
-    start = window_start(cfg, window_key)
-    dit_params = run.decoder.dit_params(dit_trainable)
-    # The sampler's conditioning is the update's: the glyph encoder runs once.
-    cond, target_size, crop = run.pipeline.conditioning(prepared, target_B, ga * gd)
-    images, _, trajectory = run.pipeline.decode_tokens(
-        prepared, target_B, latents, ga * gd, dit_params=dit_params, steps=cfg.decoder.train_steps,
-        sde=decode.SdeWindow(noise_level=float(cfg.decoder.noise_level), size=cfg.decoder.window_size),
-        window_start=start, noise_keys_B=noise_keys_B, conditioning=(cond, target_size, crop))
-    window = decoder_step.Window.at(*run.pipeline.schedule(cfg.decoder.train_steps), start, cfg.decoder.window_size)
-    batch_first = lambda x_WxB: run.pipeline.shard_batch(jnp.swapaxes(x_WxB, 0, 1))
-    decoder_batch = decoder_step.DecoderRollout(
-        cond=jax.tree.map(run.pipeline.shard_batch, cond), target_size=run.pipeline.shard_batch(target_size),
-        crop=run.pipeline.shard_batch(crop), latents_before=batch_first(trajectory.latents_before),
-        latents_after=batch_first(trajectory.latents_after), sampler_logp=batch_first(trajectory.sampler_logp),
-        old_logp=None, advantages=None, mask=None)
+    latents = run.pipeline.initial_latents(noise_key, num_prompts, ga)
+    images, _ = run.pipeline.decode_tokens(prepared, sample.target, latents, ga, run.pipeline.source_cache(prepared),
+                                           dit_params=params["dit_params"])
+    sde = None
   jax.block_until_ready(images)
   t1 = time.perf_counter()
 
-  prompts = [p for p in data_batch.prompts for _ in range(ga * gd)]
-  metadata = host_metadata(data_batch.metadata, ga * gd)
-  extra, rollout, total = {}, None, None
-  if "ar" in run.policies:
-    total, components = run.composer.score(images, prompts, metadata)
-    # A token grid's reward is the mean over its decoder samples (one sample in an AR-only run).
-    ar_total = jnp.mean(total.reshape(num_prompts * ga, gd), axis=1)
+  sampled = Sampled(sample, images, sde)
+  prompts = [p for p in data_batch.prompts for _ in range(request.images_per_prompt)]
+  metadata = host_metadata(data_batch.metadata, request.images_per_prompt)
+  extra, batches, shapes, first_total = {}, {}, {}, None
+  for name, policy in run.policies.items():
+    composer = run.composers[name]
+    total, components = composer.score(images, prompts, metadata)
+    rewards, group = policy.group_rewards(total, request)
     advantages, keep_B, zero_var = advantage_stats(
-        ar_total, group_size=ga, scale=cfg.grpo.scale, estimator=cfg.grpo.estimator, std_eps=run.composer.std_eps,
+        rewards, group_size=group, scale=cfg.grpo.scale, estimator=cfg.grpo.estimator, std_eps=composer.std_eps,
         drop_constant=cfg.grpo.drop_zero_variance_groups)
-    mask = keep_B[:, None] * token_mask(sample.layout, cfg.grpo.loss_tokens)[None, :]
-    not_yet = jnp.full_like(sample.logprobs, jnp.nan)  # the first update's output (same shape: one program)
-    rollout = step_lib.Rollout(
-        sequence_ids=sample.sequence_ids, positions=sample.positions, valid=sample.valid,
-        sampler_logp=sample.logprobs, old_logp=not_yet, advantages=advantages, mask=mask,
-        ref_logp=not_yet if cfg.grpo.beta > 0 else None)
-    extra.update(_reward_metrics(ar_prefix(run), total, components, advantages, zero_var))
-  if decoder_batch is not None:
-    d_total, d_components = run.decoder_composer.score(images, prompts, metadata)
-    d_advantages, d_keep_B, d_zero_var = advantage_stats(
-        d_total, group_size=gd, scale=cfg.grpo.scale, estimator=cfg.grpo.estimator,
-        std_eps=run.decoder_composer.std_eps, drop_constant=cfg.grpo.drop_zero_variance_groups)
-    steps = cfg.decoder.window_size
-    decoder_batch = decoder_batch.replace(
-        old_logp=jnp.full_like(decoder_batch.sampler_logp, jnp.nan), advantages=d_advantages,
-        mask=jnp.broadcast_to(d_keep_B[:, None], (d_keep_B.shape[0], steps)))
-    extra.update(_reward_metrics("decoder/", d_total, d_components, d_advantages, d_zero_var))
-    extra["decoder/window_start"] = start.astype(jnp.float32)
-    total = d_total if total is None else total
-  jax.block_until_ready(total)
+    batches[name] = policy.rollout_batch(cfg, sampled, advantages, keep_B)
+    shapes[name] = policy.update_shape(sampled)
+    extra.update(_reward_metrics(policy.prefix(tuple(run.policies)), total, components, advantages, zero_var))
+    first_total = total if first_total is None else first_total
+  if sde is not None:
+    extra["decoder/window_start"] = sde.start.astype(jnp.float32)
+  jax.block_until_ready(first_total)
   t2 = time.perf_counter()
-  return RolloutResult(batch=rollout, prompt_len=sample.prompt_len, layout=sample.layout, images=images,
-                       total=total, prompts=prompts, metrics=extra, timings={"rollout": t1 - t0, "reward": t2 - t1},
-                       decoder_batch=decoder_batch, window=window)
-
+  return RolloutResult(batches=batches, update_shapes=shapes, images=images, total=first_total, prompts=prompts,
+                       metrics=extra, timings={"rollout": t1 - t0, "reward": t2 - t1},
+                       tokens=int(sample.logprobs.shape[0] * sample.logprobs.shape[1]))

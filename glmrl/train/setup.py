@@ -1,4 +1,4 @@
-"""Everything a run needs, built from the config: mesh, data, models, pipeline, rewards, optimizer.
+"""Everything a run needs, built from the config: mesh, data, models, pipeline, rewards, the policies' states.
 
 Every check on the inputs happens here, before any model is built or compiled.
 """
@@ -9,61 +9,44 @@ import dataclasses
 import os
 
 import jax
-import numpy as np
 from absl import logging
-from flax import nnx
 
 from glmrl import sharding as sharding_lib
-from glmrl.checkpoint.fingerprint import fingerprint
 from glmrl.data import PromptIterator, load_prompts
 from glmrl.errors import UserError
 from glmrl.models import glm_image
-from glmrl.models import lora as lora_lib
 from glmrl.models.ar import tokenizer as word_tokenizer
 from glmrl.models.ar.prompt import PromptProcessor
+from glmrl.policy import registry
+from glmrl.policy.base import Request
+from glmrl.policy.state import build_state, num_params
 from glmrl.rewards import RewardComposer
-from glmrl.sampling.logprobs import SamplingConfig
+from glmrl.sampling.logprobs import sampling_config
 from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_decode_batch, check_glyph_fits
-from glmrl.train import decoder_step
-from glmrl.train import step as step_lib
-
-# The AR model's parts that GRPO trains; the vision encoder and VQ stay frozen.
-TRAINABLE = nnx.All(nnx.Param, nnx.Not(nnx.Any(nnx.PathContains("visual"), nnx.PathContains("vq"))))
-
-
-@dataclasses.dataclass
-class DecoderParts:
-  """The DiT as the decoder policy trains it: its graphdef (with adapters under DiT LoRA), the trained state
-  (the adapters, or every DiT parameter) and the rest (the base weights under LoRA)."""
-  graphdef: object
-  trainable: nnx.State
-  frozen: nnx.State
-  lora: lora_lib.LoraConfig
-
-  def dit_params(self, trainable) -> tuple:
-    """The pipeline's `dit_params` for a trained state."""
-    return (trainable, self.frozen)
-
 
 @dataclasses.dataclass
 class Run:
+  """What every mode builds from the config: mesh, prompts, rewards, pipeline, and the state of each trained
+  policy by name (`glmrl.policy`)."""
   config: object
   mesh: jax.sharding.Mesh
   records: list
   eval_records: list
   iterator: PromptIterator
-  composer: RewardComposer
+  composer: RewardComposer  # config.rewards: the AR policy's, and what evaluation reports
+  composers: dict           # policy name -> its RewardComposer
   pipeline: GlmImagePipeline
-  ar_graphdef: object
-  trainable: nnx.State  # full fine-tuning: the decoder's parameters; LoRA: the adapters only
-  frozen: nnx.State     # everything else of the AR generator (the base weights, with LoRA)
-  lora: lora_lib.LoraConfig
-  decoder: DecoderParts | None = None           # with "decoder" in config.train.policies
-  decoder_composer: RewardComposer | None = None
+  states: dict              # policy name -> PolicyState
 
   @property
-  def policies(self) -> tuple[str, ...]:
-    return tuple(self.config.train.policies.split("+"))
+  def policies(self) -> dict:
+    """The trained policies by name (`glmrl.policy.registry`)."""
+    return registry.trained(self.config)
+
+  @property
+  def request(self) -> Request:
+    """The rollout every trained policy shares: token grids per prompt, decoder samples per grid."""
+    return registry.rollout_request(self.config)
 
   @property
   def group_size(self) -> int:
@@ -71,36 +54,18 @@ class Run:
     return self.config.grpo.group_size
 
   @property
-  def ar_group(self) -> int:
-    """Token grids per prompt in a rollout (1 when the AR policy does not train)."""
-    return rollout_groups(self.config)[0]
-
-  @property
-  def decoder_group(self) -> int:
-    """Decoder samples per token grid in a rollout (1 when the decoder policy does not train)."""
-    return rollout_groups(self.config)[1]
-
-  @property
   def batch_size(self) -> int:
     """Images per rollout."""
-    return self.config.data.prompts_per_step * self.ar_group * self.decoder_group
+    return self.config.data.prompts_per_step * self.request.images_per_prompt
 
-  def checkpoint_params(self, trainable) -> nnx.State:
-    """What a training checkpoint holds of the AR generator: the whole generator (the paths of a
-    converted checkpoint, so it exports as one), or with LoRA only the adapters."""
-    return trainable if self.lora.enabled else nnx.merge_state(trainable, self.frozen)
-
-  def ar_params(self, saved) -> tuple:
-    """The pipeline's `ar_params` of a checkpoint's params (`checkpoint_params`' output)."""
-    return (saved, self.frozen) if self.lora.enabled else (saved,)
-
-
-def rollout_groups(config) -> tuple[int, int]:
-  """(token grids per prompt, decoder samples per grid) of a rollout: (grpo.group_size, 1) for "ar",
-  (1, decoder.group_size) for "decoder", both for "ar+decoder"."""
-  policies = config.train.policies.split("+")
-  return (config.grpo.group_size if "ar" in policies else 1,
-          config.decoder.group_size if "decoder" in policies else 1)
+  def sampling_params(self, trainables: dict | None = None) -> dict:
+    """The pipeline's parameters for the trained states `trainables` (policy name -> trained state; default
+    the states' own): `ar_params` and `dit_params` of the models the run trains (None: the pipeline's own)."""
+    out = {"ar_params": None, "dit_params": None}
+    for name, state in self.states.items():
+      trainable = None if trainables is None else trainables[name]
+      out[f"{state.policy.component}_params"] = state.model_params(trainable)
+    return out
 
 
 def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
@@ -110,58 +75,31 @@ def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
   The fields' own rules (e.g. group_size >= 2) are `config_checks`', checked before this runs."""
   data, fsdp, _ = mesh_shape
   devices = data * fsdp
-  ga, gd = rollout_groups(config)
+  request = registry.rollout_request(config)
+  ga = request.grids_per_prompt
   prompts = config.data.prompts_per_step
-  rows, images = prompts * ga, prompts * ga * gd
+  rows, images = prompts * ga, prompts * request.images_per_prompt
   if rows % devices:
     what = "prompts_per_step x group_size = {} x {}".format(prompts, ga) if ga > 1 else f"prompts_per_step {prompts}"
     raise UserError(f"the AR sampler's rows {what} = {rows} do not divide over the mesh's data x fsdp = "
                      f"{data} x {fsdp} = {devices} devices")
-  policies = config.train.policies.split("+")
-  micro_batches = [("train", rows)] if "ar" in policies else []
-  micro_batches += [("decoder", images)] if "decoder" in policies else []
-  for section, batch in micro_batches:
-    micro = config[section].micro_batch_size or batch
+  for policy in registry.trained(config).values():
+    batch = prompts * policy.rows_per_prompt(request)
+    micro = policy.settings(config).micro_batch_size or batch
     if batch % micro:
-      raise UserError(f"config.{section}.micro_batch_size={micro} does not divide its update's batch {batch}")
+      raise UserError(f"{policy.micro_batch_key}={micro} does not divide its update's batch {batch}")
     if micro % devices:
       # Correct (XLA splits what it can and replicates the rest) but slower: e.g. micro-batches of 16 on a
       # 32-chip slice. Allowed, since the batch layout is the user's trade between memory and speed.
-      logging.warning("config.%s.micro_batch_size=%d does not split evenly over data x fsdp = %d devices: "
-                      "each micro-batch is partly replicated", section, micro, devices)
+      logging.warning("%s=%d does not split evenly over data x fsdp = %d devices: each micro-batch is partly "
+                      "replicated", policy.micro_batch_key, micro, devices)
   chunk = config.sampling.decode_batch
   if chunk:
-    check_decode_batch(chunk, images, ga * gd)
+    # The rollout's images, and evaluation's and generation's group_size samples of every prompt.
+    check_decode_batch(chunk, images, request.images_per_prompt)
+    check_decode_batch(chunk, prompts * config.grpo.group_size, config.grpo.group_size)
     if chunk % devices:
       raise UserError(f"config.sampling.decode_batch={chunk} does not split over data x fsdp = {devices}")
-
-
-def sampling_config(config) -> SamplingConfig:
-  s = config.sampling
-  return SamplingConfig(temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
-                        constrain_to_codebook=bool(s.constrain_to_codebook))
-
-
-def update_spec(config, prompt_len: int, layout) -> step_lib.UpdateSpec:
-  """The static description of the run's update for its prompt length and generation layout."""
-  batch = config.data.prompts_per_step * config.grpo.group_size  # AR rows: one per token grid
-  return step_lib.UpdateSpec(
-      prompt_len=prompt_len, layout=layout, sampling=sampling_config(config),
-      micro_batches=batch // (config.train.micro_batch_size or batch), epsilon_low=float(config.grpo.epsilon_low),
-      epsilon_high=float(config.grpo.epsilon_high), beta=float(config.grpo.beta), kl=config.grpo.kl,
-      aggregation=config.grpo.aggregation, remat=config.model.remat, tis_cap=float(config.grpo.tis_cap),
-      reference="adapters_off" if config.lora.rank else "params")
-
-
-def decoder_spec(config) -> decoder_step.DecoderSpec:
-  """The static description of the run's decoder update."""
-  d = config.decoder
-  ga, gd = rollout_groups(config)
-  images = config.data.prompts_per_step * ga * gd
-  return decoder_step.DecoderSpec(
-      noise_level=float(d.noise_level), guidance_scale=float(config.sampling.guidance_scale),
-      clip_range=float(d.clip_range), adv_clip_max=float(d.adv_clip_max), beta=float(d.beta),
-      micro_batches=images // (d.micro_batch_size or images), reference="adapters_off" if d.lora.rank else "params")
 
 
 def pipeline_spec(config) -> PipelineSpec:
@@ -241,8 +179,9 @@ def check_prompt_lengths(processor, records, path, config) -> None:
                     f"needs --config.data.max_prompt_tokens={max(n for n, _ in too_long)})")
 
 
-def build(config) -> Run:
-  """Checks inputs, then builds the mesh, data, rewards, models and pipeline."""
+def build(config, *, train: bool = False) -> Run:
+  """Checks inputs, then builds the mesh, data, rewards, models, pipeline and the trained policies' states
+  (`train`: with their optimizers and references)."""
   m = config.mesh
   try:
     mesh_shape = sharding_lib.mesh_shape(m.data, m.fsdp, m.tensor, jax.device_count())
@@ -251,12 +190,13 @@ def build(config) -> Run:
   check_batch(config, mesh_shape)
   records, eval_records = load_records(config)
   mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor)
-  ga, gd = rollout_groups(config)
-  # The AR policy's rewards normalise over a prompt's rows; the decoder's over a token grid's samples.
-  composer = reward_composer(config, mesh, group_size=ga * gd if "ar" in config.train.policies else None)
-  decoder_composer = None
-  if "decoder" in config.train.policies:
-    decoder_composer = reward_composer(config, mesh, config.decoder.rewards, group_size=gd)
+  policies, request = registry.trained(config), registry.rollout_request(config)
+  composers = {}
+  for name, policy in policies.items():
+    entries, group = policy.rewards(config, request)
+    composers[name] = reward_composer(config, mesh, entries, group_size=group)
+  # What evaluation reports (config.rewards over a prompt's samples): the AR policy's composer when it trains.
+  composer = composers.get("ar") or reward_composer(config, mesh)
   configs = model_configs(config)
   processor, glyph_tokenizer = processors(config, configs, [r.prompt for r in records + eval_records])
   for path, recs in ((config.data.prompts_file, records), (config.eval.prompts_file, eval_records)):
@@ -274,76 +214,12 @@ def build(config) -> Run:
     logging.info("loading %s from %s", name, source)
     models[name] = glm_image.build(name, getattr(configs, name), mesh=mesh,
                                    checkpoint_dir=config.model.checkpoint_dir, seed=config.seed + i)
-  ar_graphdef, ar_params = models["ar"]
-  ar_model = nnx.merge(ar_graphdef, ar_params)
-  lora = lora_config(config)
-  if lora.enabled:
-    graphdef, trainable, frozen = add_adapters(ar_model, lora, mesh, config.seed)
-    logging.info("LoRA rank %d (alpha %g) on %d layers: %d trainable parameters", lora.rank, lora.alpha,
-                 len(jax.tree.leaves(trainable)) // 2, num_params(trainable))
-  else:
-    graphdef, trainable, frozen = nnx.split(ar_model, TRAINABLE, ...)
-  # The run owns the AR parameters (the update donates them); the pipeline gets them per call.
-  models["ar"] = (graphdef, None)
-  decoder = None
-  if "decoder" in config.train.policies:
-    decoder = decoder_parts(config, models["dit"], mesh)
-    models["dit"] = (decoder.graphdef, None)  # as the AR: the run owns the trained DiT
+  states = {}
+  for name, policy in policies.items():
+    states[name] = state = build_state(policy, config, models[policy.component], mesh, train=train)
+    logging.info("policy %s: %d trained parameters (frozen: %d)", name, num_params(state.trainable),
+                 num_params(state.frozen))
+    # The run owns the trained parameters (the update donates them); the pipeline gets them per call.
+    models[policy.component] = (state.graphdef, None)
   pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config), mesh=mesh)
-  return Run(config, mesh, records, eval_records, iterator, composer, pipeline, graphdef, trainable, frozen, lora,
-             decoder, decoder_composer)
-
-
-def decoder_parts(config, dit_model, mesh) -> DecoderParts:
-  """The DiT split for the decoder policy: adapters (config.decoder.lora) or all its parameters trained."""
-  graphdef, state = dit_model
-  model = nnx.merge(graphdef, state)
-  c = config.decoder.lora
-  lora = lora_lib.LoraConfig(rank=c.rank, alpha=float(c.alpha), targets=lora_lib.target_patterns(c.targets))
-  if lora.enabled:
-    graphdef, trainable, frozen = add_adapters(model, lora, mesh, config.seed, salt=0xD17)
-    logging.info("DiT LoRA rank %d (alpha %g) on %d layers: %d trainable parameters", lora.rank, lora.alpha,
-                 len(jax.tree.leaves(trainable)) // 2, num_params(trainable))
-  else:
-    graphdef, trainable, frozen = nnx.split(model, nnx.Param, ...)
-  return DecoderParts(graphdef, trainable, frozen, lora)
-
-
-def lora_config(config) -> lora_lib.LoraConfig:
-  return lora_lib.LoraConfig(rank=config.lora.rank, alpha=float(config.lora.alpha),
-                             targets=lora_lib.target_patterns(config.lora.targets))
-
-
-def adapters_record(run) -> dict | None:
-  """What a LoRA run's checkpoints record of its adapters and their base (`check_adapters`); None
-  for full fine-tuning. The base is named by its folder (or preset and seed) and a fingerprint of
-  its weights (`glmrl.checkpoint.fingerprint`), so adapters never resume onto another base."""
-  return _adapters_record(run.config, run.lora, run.frozen)
-
-
-def decoder_adapters_record(run) -> dict | None:
-  """`adapters_record` of the DiT's adapters (decoder_lora.json); None without DiT LoRA or decoder policy."""
-  return None if run.decoder is None else _adapters_record(run.config, run.decoder.lora, run.decoder.frozen)
-
-
-def _adapters_record(cfg, lora: lora_lib.LoraConfig, base) -> dict | None:
-  if not lora.enabled:
-    return None
-  source = os.path.abspath(cfg.model.checkpoint_dir) if cfg.model.checkpoint_dir else \
-      f"random preset {cfg.model.preset!r}, seed {cfg.seed}, {cfg.model.param_dtype}"
-  return {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets),
-          "base": {"checkpoint_dir": source, "fingerprint": fingerprint(base)}}
-
-
-def add_adapters(model, lora: lora_lib.LoraConfig, mesh, seed: int, salt: int = 0x10FA):
-  """(graphdef, adapters, base) of `model` with adapters attached: the adapters placed by the same
-  sharding rules as every parameter (B = 0: the model computes exactly what the base does). `salt`
-  separates the adapters' initial A of different models drawn from one seed."""
-  lora_lib.apply_lora(model, lora, nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), salt)))
-  graphdef, adapters, base = nnx.split(model, lora_lib.LoraParam, ...)
-  adapters = jax.device_put(adapters, sharding_lib.state_shardings(adapters, mesh))
-  return graphdef, adapters, base
-
-
-def num_params(state) -> int:
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(state)))
+  return Run(config, mesh, records, eval_records, iterator, composer, composers, pipeline, states)

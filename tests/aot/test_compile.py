@@ -56,9 +56,9 @@ def abstract_run(chips: int):
 def test_optimizer_state_is_sharded_like_the_parameters_and_state_bytes_scale_down():
   runs = {n: abstract_run(n) for n in (4, 8)}
   run = runs[8]
-  params = {path: leaf for path, leaf in jax.tree_util.tree_flatten_with_path(run.trainable)[0]}
+  params = {path: leaf for path, leaf in jax.tree_util.tree_flatten_with_path(run.states["ar"].trainable)[0]}
   matched = 0
-  for path, leaf in jax.tree_util.tree_flatten_with_path(run.opt_state)[0]:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(run.states["ar"].opt_state)[0]:
     owner = next((params[path[i:]] for i in range(len(path)) if path[i:] in params), None)
     if owner is not None and owner.shape == leaf.shape:
       assert leaf.sharding == owner.sharding, jax.tree_util.keystr(path)
@@ -69,7 +69,7 @@ def test_optimizer_state_is_sharded_like_the_parameters_and_state_bytes_scale_do
   # both slices hold exactly half as much on twice the chips.
   for tree in ("trainable", "opt_state"):
     halves = []
-    for a, b in zip(jax.tree.leaves(getattr(runs[4], tree)), jax.tree.leaves(getattr(runs[8], tree))):
+    for a, b in zip(jax.tree.leaves(getattr(runs[4].states["ar"], tree)), jax.tree.leaves(getattr(runs[8].states["ar"], tree))):
       if not b.sharding.is_fully_replicated:
         halves.append((report_lib.bytes_per_chip(a), report_lib.bytes_per_chip(b)))
     assert halves and all(b4 == 2 * b8 for b4, b8 in halves), tree
@@ -79,9 +79,9 @@ def test_lora_run_trains_only_adapters_in_the_abstract_run():
   config = tiny_config(data__prompts_per_step=4, lora__rank=4, lora__alpha=8.0)
   run = programs.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))
   assert all(isinstance(v, nnx.Variable) and type(v).__name__ == "LoraParam"
-             for _, v in nnx.to_flat_state(run.trainable))
-  assert run.reference is None  # the KL reference is the adapters-off model, not a copy
-  assert programs.num_params(run.trainable) < programs.num_params(run.frozen) / 10
+             for _, v in nnx.to_flat_state(run.states["ar"].trainable))
+  assert run.states["ar"].reference is None  # the KL reference is the adapters-off model, not a copy
+  assert programs.num_params(run.states["ar"].trainable) < programs.num_params(run.states["ar"].frozen) / 10
 
 
 @pytest.mark.parametrize("name,message", [

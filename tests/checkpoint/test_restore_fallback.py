@@ -116,7 +116,7 @@ def test_generate_reads_the_newest_step_that_restores_and_changes_nothing(traine
   truncate_largest_params_file(workdir / "checkpoints" / "2")
   before = files(workdir)
   run = setup.build(config())
-  like = nnx.merge_state(run.trainable, run.frozen)
+  like = run.states["ar"].checkpoint_params()
   with caplog.at_level(logging.WARNING):
     params, step = checkpoint_manager.restore_trained_params(str(workdir), like)
   assert step == 1 and params is not None

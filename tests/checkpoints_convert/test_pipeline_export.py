@@ -37,7 +37,7 @@ def trained(tiny_released, tmp_path_factory):
     assert trainer.save(force=True)
     key_map = KeyMap(RULES)
     params = {}
-    for path, value in nnx.to_flat_state(nnx.merge_state(trainer.params, trainer.run.frozen)):
+    for path, value in nnx.to_flat_state(nnx.merge_state(trainer.states["ar"].trainable, trainer.run.states["ar"].frozen)):
       hf_key, transform = key_map.flax_to_hf(flax_path_str(path))
       params[hf_key] = transform.to_hf(np.asarray(value))
   finally:

@@ -24,7 +24,7 @@ def main():
 
   def checksums(trainer):
     out = {}
-    for name, tree in (("ar", trainer.params), ("dit", trainer.dit_params)):
+    for name, tree in (("ar", trainer.states["ar"].trainable), ("dit", trainer.states["decoder"].trainable)):
       leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(tree)]
       out[name] = [float(sum(x.sum() for x in leaves)), float(sum(np.abs(x).sum() for x in leaves))]
     return out
@@ -41,7 +41,7 @@ def main():
           trainer.checkpointer.wait()
           shutil.copytree(workdir, copy_first_to)
       sums = checksums(trainer)
-      shardings = sorted({str(x.sharding.spec) for x in jax.tree.leaves(trainer.dit_params)})
+      shardings = sorted({str(x.sharding.spec) for x in jax.tree.leaves(trainer.states["decoder"].trainable)})
     finally:
       trainer.close()
     return scalars, sums, shardings

@@ -21,8 +21,8 @@ def main():
   layout = {"init": state_layout(trainer)}
   steps = [trainer.step() for _ in range(2)]
   layout["after_steps"] = state_layout(trainer)
-  shardings = {str(s.spec) for s in jax.tree.leaves(jax.tree.map(lambda x: x.sharding, trainer.params))}
-  leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(trainer.params)]
+  shardings = {str(s.spec) for s in jax.tree.leaves(jax.tree.map(lambda x: x.sharding, trainer.states["ar"].trainable))}
+  leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(trainer.states["ar"].trainable)]
   trainer.close()
   json.dump({"devices": jax.device_count(), "steps": [{k: float(v) for k, v in s.items()} for s in steps],
              "param_sum": float(sum(x.sum() for x in leaves)),
@@ -35,15 +35,15 @@ def state_layout(trainer) -> dict:
   their parameter (by glmrl.train.optimizer.state_shardings' path rule)."""
   import jax
 
-  from glmrl.train import optimizer
+  from glmrl.policy import optimizer
 
   def dev0_bytes(tree):
     return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device.id == 0)
 
-  want = optimizer.state_shardings(trainer.opt_state, trainer.params, trainer.run.mesh)
-  wrong = [str(x.sharding.spec) for x, w in zip(jax.tree.leaves(trainer.opt_state), jax.tree.leaves(want))
+  want = optimizer.state_shardings(trainer.states["ar"].opt_state, trainer.states["ar"].trainable, trainer.run.mesh)
+  wrong = [str(x.sharding.spec) for x, w in zip(jax.tree.leaves(trainer.states["ar"].opt_state), jax.tree.leaves(want))
            if not x.sharding.is_equivalent_to(w, x.ndim)]
-  return {"params_dev0": dev0_bytes(trainer.params), "opt_state_dev0": dev0_bytes(trainer.opt_state),
+  return {"params_dev0": dev0_bytes(trainer.states["ar"].trainable), "opt_state_dev0": dev0_bytes(trainer.states["ar"].opt_state),
           "opt_leaves_not_like_params": wrong}
 
 

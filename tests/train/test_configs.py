@@ -12,8 +12,12 @@ from flax import nnx
 from glmrl import config_checks
 from glmrl.models import glm_image
 from glmrl.models.ar.prompt import GenerationLayout
-from glmrl.train import optimizer, setup
-from glmrl.train import step as step_lib
+from glmrl.policy import ar as step_lib
+from glmrl.policy import optimizer
+from glmrl.policy.ar import TRAINABLE
+from glmrl.policy.state import num_params
+from glmrl.sampling.logprobs import sampling_config
+from glmrl.train import setup
 
 
 def load(name, arg=None):
@@ -72,17 +76,17 @@ def test_full_size_train_state_shapes():
                                   compute_dtype=jnp.bfloat16, remat=True)
   graphdef, abstract = glm_image.abstract_model("ar", configs.ar)
   model = nnx.merge(graphdef, abstract)
-  graphdef, trainable, frozen = nnx.split(model, setup.TRAINABLE, ...)
-  n_trainable, n_frozen = setup.num_params(trainable), setup.num_params(frozen)
+  graphdef, trainable, frozen = nnx.split(model, TRAINABLE, ...)
+  n_trainable, n_frozen = num_params(trainable), num_params(frozen)
   assert n_trainable + n_frozen == 10_114_245_632
   tx, schedule = optimizer.make_optimizer(c.optim, c.train.num_steps, c.grpo.num_iterations)
   opt_state = jax.eval_shape(lambda p: optimizer.init(tx, p), trainable)
   # AdamW keeps two float32 moments per trained parameter.
-  assert setup.num_params(opt_state) == 2 * n_trainable + 2  # + the two step counters
+  assert num_params(opt_state) == 2 * n_trainable + 2  # + the two step counters
   # bfloat16 parameters add their float32 master copy (README: memory per parameter).
   trainable16 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16), trainable)
   opt_state16 = jax.eval_shape(lambda p: optimizer.init(tx, p), trainable16)
-  assert setup.num_params(opt_state16) == 3 * n_trainable + 2
+  assert num_params(opt_state16) == 3 * n_trainable + 2
   assert {x.dtype for x in jax.tree.leaves(opt_state16)} == {jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)}
 
   layout = GenerationLayout.for_size(c.data.height, c.data.width, text_to_image=True)
@@ -94,7 +98,7 @@ def test_full_size_train_state_shapes():
       valid=sds((batch, prompt_len + n), bool), sampler_logp=sds((batch, n), jnp.float32),
       old_logp=sds((batch, n), jnp.float32),
       advantages=sds((batch,), jnp.float32), mask=sds((batch, n), jnp.float32))
-  spec = step_lib.UpdateSpec(prompt_len=prompt_len, layout=layout, sampling=setup.sampling_config(c),
+  spec = step_lib.UpdateSpec(prompt_len=prompt_len, layout=layout, sampling=sampling_config(c),
                              micro_batches=1, epsilon_low=0.2, epsilon_high=0.28, beta=0.0, kl="k3",
                              aggregation="seq_mean_token_mean", remat=True)
   new_params, new_opt, metrics, (old_logp, _) = jax.eval_shape(

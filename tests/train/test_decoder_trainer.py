@@ -9,6 +9,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from glmrl.models import glm_image
 from glmrl.train import loop
 from tests.train.common import tiny_config
 
@@ -36,7 +37,8 @@ def test_full_dit_fine_tuning_with_kl_and_evaluation(tmp_path):
   # The checkpoint holds the whole trained DiT (every parameter of the released transformer's paths).
   trainer = loop.Trainer(c, str(tmp_path))
   try:
-    restored, initial = trainer.dit_params, trainer.run.decoder.trainable  # step 2's, and as built
+    restored, initial = trainer.states["decoder"].trainable, glm_image.build(  # step 2's, and as built
+        "dit", trainer.run.pipeline.configs.dit, seed=c.seed + list(glm_image.COMPONENTS).index("dit"))[1]
     paths = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(restored)}
     assert "blocks.0.attn.q.kernel" in paths and "image_proj.kernel" in paths
     moved = [not np.array_equal(np.asarray(a), np.asarray(b))

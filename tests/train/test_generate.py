@@ -45,8 +45,8 @@ def generated(tmp_path_factory):
   config = _config(prompts_file)
   workdir = root / "work"
   ckpt = TrainCheckpointer(str(workdir), save_interval=1, max_to_keep=1)
-  ckpt.save(STEP, _zero_ar_params(config), {"count": jnp.zeros((), jnp.int32)}, jax.random.key(0),
-            {"step": STEP}, force=True)
+  ckpt.save(STEP, {"params": _zero_ar_params(config), "opt_state": {"count": jnp.zeros((), jnp.int32)}},
+            jax.random.key(0), {"step": STEP}, force=True)
   ckpt.close()
   result = generate_lib.generate(config, str(workdir))
   return config, workdir, result

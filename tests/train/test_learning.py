@@ -37,10 +37,10 @@ def test_nonfinite_rewards_skip_updates_then_stop(tmp_path, nan_reward):
   config.rewards = [{"name": nan_reward, "weight": 1.0}]
   trainer = loop.Trainer(config, str(tmp_path))
   try:
-    before = [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
+    before = [np.asarray(x) for x in jax.tree.leaves(trainer.states["ar"].trainable)]
     first = trainer.step()
     assert first["nonfinite/skipped_total"] == 1
-    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(before, jax.tree.leaves(trainer.params)))
+    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(before, jax.tree.leaves(trainer.states["ar"].trainable)))
     with pytest.raises(loop.NonFiniteError, match="2 consecutive steps"):
       trainer.step()
   finally:

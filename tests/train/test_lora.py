@@ -13,7 +13,7 @@ from glmrl.checkpoint import CheckpointError
 from glmrl.checkpoint import params as params_lib
 from glmrl.models import lora
 from glmrl.train import loop
-from glmrl.train import step as step_lib
+from glmrl.policy import ar as step_lib
 from tests.train.common import tiny_config
 
 
@@ -30,7 +30,7 @@ def trained(tmp_path_factory):
   """A LoRA trainer after two steps (remat on: frozen base weights inside remat'd layers), with copies of
   its adapters and base from before them."""
   trainer = loop.Trainer(lora_config(model__remat=True), str(tmp_path_factory.mktemp("lora")))
-  before, base = flat(trainer.params), flat(trainer.run.frozen)
+  before, base = flat(trainer.states["ar"].trainable), flat(trainer.run.states["ar"].frozen)
   metrics = [trainer.step() for _ in range(2)]
   yield trainer, before, base, metrics
   trainer.close()
@@ -38,12 +38,12 @@ def trained(tmp_path_factory):
 
 def test_only_adapters_train_and_the_ratio_is_one(trained):
   trainer, before, base, metrics = trained
-  after = flat(trainer.params)
+  after = flat(trainer.states["ar"].trainable)
   assert set(after) == set(before) and all(k.endswith(("lora_a", "lora_b")) for k in after)
-  assert all(isinstance(v, lora.LoraParam) for _, v in nnx.to_flat_state(trainer.params))
+  assert all(isinstance(v, lora.LoraParam) for _, v in nnx.to_flat_state(trainer.states["ar"].trainable))
   # Every adapter moved (B from its zero start); the base is bit for bit what it was.
   assert all(not np.array_equal(after[k], before[k]) for k in after)
-  assert all(np.array_equal(v, base[k]) for k, v in flat(trainer.run.frozen).items())
+  assert all(np.array_equal(v, base[k]) for k, v in flat(trainer.run.states["ar"].frozen).items())
   for m in metrics:  # old log-probs from the update's own forward: exp(0) exactly
     assert m["first_iter/ratio/min"] == 1.0 and m["first_iter/ratio/max"] == 1.0
   assert metrics[0]["kl"] == 0.0 and metrics[1]["kl"] > 0.0  # B = 0 at step 1: the policy is its reference
@@ -54,19 +54,19 @@ def test_kl_reference_is_the_base_model_exactly(trained):
   without adapters from the same base weights, bit for bit."""
   trainer, *_ = trained
   run = trainer.run
-  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(11), trainer.params)
+  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(11), {"ar": trainer.states["ar"].trainable})
   copy = lambda tree: jax.tree.map(jnp.copy, tree)
-  update = trainer._update_fn(*collected.update_shape)
-  _, _, _, (_, ref_logp) = update(copy(trainer.params), run.frozen, copy(trainer.opt_state), collected.batch,
+  update = trainer.update_fn("ar", collected.update_shapes["ar"])
+  _, _, _, (_, ref_logp) = update(copy(trainer.states["ar"].trainable), run.states["ar"].frozen, copy(trainer.states["ar"].opt_state), collected.batches["ar"],
                                   None, True)
-  spec = loop.setup_lib.update_spec(run.config, *collected.update_shape)
+  spec = step_lib.update_spec(run.config, *collected.update_shapes["ar"])
   plain = loop.setup_lib.build(tiny_config(grpo__beta=0.05, model__remat=True))  # same seed: the same base
   base_graphdef, base_trainable, base_frozen = nnx.split(
-      nnx.merge(plain.ar_graphdef, plain.trainable, plain.frozen), loop.setup_lib.TRAINABLE, ...)
-  assert all(np.array_equal(v, flat(run.frozen)[k]) for k, v in flat(nnx.merge_state(
+      nnx.merge(plain.states["ar"].graphdef, plain.states["ar"].trainable, plain.states["ar"].frozen), step_lib.TRAINABLE, ...)
+  assert all(np.array_equal(v, flat(run.states["ar"].frozen)[k]) for k, v in flat(nnx.merge_state(
       base_trainable, base_frozen)).items())
   want = jax.jit(step_lib.rollout_logprobs, static_argnums=(0, 4))(
-      base_graphdef, base_trainable, base_frozen, collected.batch, spec)
+      base_graphdef, base_trainable, base_frozen, collected.batches["ar"], spec)
   np.testing.assert_array_equal(np.asarray(ref_logp), np.asarray(want))
 
 
@@ -78,7 +78,7 @@ def run_steps(workdir, n, **overrides):
       out.append(trainer.step())
       trainer.save()
     trainer.save(force=True)
-    return out, trainer.step_index, flat(trainer.params)
+    return out, trainer.step_index, flat(trainer.states["ar"].trainable)
   finally:
     trainer.close()
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from glmrl.train import loop
-from glmrl.train import optimizer as optimizer_lib
-from glmrl.train import step as step_lib
+from glmrl.policy import optimizer as optimizer_lib
+from glmrl.policy import ar as step_lib
 from tests.train.common import tiny_config
 
 UPDATES = 50
@@ -25,9 +25,9 @@ def setup(tmp_path_factory):
   config = tiny_config(optim__learning_rate=LEARNING_RATE, optim__warmup_steps=0, train__num_steps=100_000)
   trainer = loop.Trainer(config, str(tmp_path_factory.mktemp("master")))
   run = trainer.run
-  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(3), trainer.params)
-  rollout, shape = collected.batch, collected.update_shape
-  yield trainer, rollout, loop.setup_lib.update_spec(run.config, *shape)
+  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(3), {"ar": trainer.states["ar"].trainable})
+  rollout, shape = collected.batches["ar"], collected.update_shapes["ar"]
+  yield trainer, rollout, step_lib.update_spec(run.config, *shape)
   trainer.close()
 
 
@@ -51,13 +51,13 @@ def test_bfloat16_updates_follow_the_float32_run(setup):
   """
   trainer, rollout, spec = setup
   run = trainer.run
-  fn = jax.jit(lambda p, o: step_lib.update(run.ar_graphdef, p, run.frozen, o, rollout, None, True, spec=spec,
-                                            tx=trainer.tx, schedule=trainer.schedule)[:3])
-  start16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), trainer.params)
+  fn = jax.jit(lambda p, o: step_lib.update(run.states["ar"].graphdef, p, run.states["ar"].frozen, o, rollout, None, True, spec=spec,
+                                            tx=trainer.states["ar"].tx, schedule=trainer.states["ar"].schedule)[:3])
+  start16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), trainer.states["ar"].trainable)
   start32 = jax.tree.map(lambda x: x.astype(jnp.float32), start16)
   ends = {}
   for name, start in (("f32", start32), ("bf16", start16)):
-    params, opt_state = start, optimizer_lib.init(trainer.tx, start)
+    params, opt_state = start, optimizer_lib.init(trainer.states["ar"].tx, start)
     for _ in range(UPDATES):
       params, opt_state, metrics = fn(params, opt_state)
     assert metrics["skipped"] == 0 and metrics["learning_rate"] > 0.99 * LEARNING_RATE
@@ -85,8 +85,8 @@ def test_gradients_accumulate_in_float32(setup):
   trainer, rollout, spec = setup
   run = trainer.run
   spec = dataclasses.replace(spec, micro_batches=4)
-  params16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), trainer.params)
-  fn = jax.jit(lambda p, r: step_lib.accumulate_gradients(run.ar_graphdef, p, run.frozen, r, None, True,
+  params16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), trainer.states["ar"].trainable)
+  fn = jax.jit(lambda p, r: step_lib.accumulate_gradients(run.states["ar"].graphdef, p, run.states["ar"].frozen, r, None, True,
                                                           spec=spec)[0])
   total = fn(params16, rollout)
   assert {x.dtype for x in jax.tree.leaves(total)} == {np.dtype("float32")}
@@ -110,8 +110,8 @@ def test_bfloat16_run_resumes_with_its_master_weights(tmp_path):
   try:
     trainer.step()
     trainer.save(force=True)
-    saved_params = jax.tree.map(np.asarray, trainer.params)
-    saved_master = jax.tree.map(np.asarray, trainer.opt_state.params)
+    saved_params = jax.tree.map(np.asarray, trainer.states["ar"].trainable)
+    saved_master = jax.tree.map(np.asarray, trainer.states["ar"].opt_state.params)
   finally:
     trainer.close()
   # The master copy holds what bfloat16 cannot: it is not the rounded parameters cast back.
@@ -119,8 +119,8 @@ def test_bfloat16_run_resumes_with_its_master_weights(tmp_path):
                                                                jax.tree.leaves(saved_params)))
   resumed = loop.Trainer(config, str(tmp_path))
   try:
-    assert resumed.step_index == 1 and isinstance(resumed.opt_state, optimizer_lib.MasterWeights)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), saved_master, resumed.opt_state.params)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), saved_params, resumed.params)
+    assert resumed.step_index == 1 and isinstance(resumed.states["ar"].opt_state, optimizer_lib.MasterWeights)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), saved_master, resumed.states["ar"].opt_state.params)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), saved_params, resumed.states["ar"].trainable)
   finally:
     resumed.close()

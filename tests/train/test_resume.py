@@ -30,10 +30,10 @@ def run_steps(workdir, n):
       out.append(trainer.step())
       trainer.save()
       if trainer.step_index % 2 == 0:
-        out[-1].update(loop.evaluate_lib.run_eval(trainer.run, loop.Policies.of_run(trainer.run, trainer.params), trainer.writer,
+        out[-1].update(loop.evaluate_lib.run_eval(trainer.run, trainer.run.sampling_params(), trainer.writer,
                                                     trainer.step_index))
     trainer.save(force=True)
-    return out, trainer.step_index, trainer.params
+    return out, trainer.step_index, trainer.states["ar"].trainable
   finally:
     trainer.close()
 

@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from glmrl.train import optimizer
+from glmrl.policy import optimizer
 
 
 def optim_cfg(**kw):

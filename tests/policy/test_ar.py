@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from glmrl.train import loop
-from glmrl.train import optimizer as optimizer_lib
-from glmrl.train import step as step_lib
+from glmrl.policy import optimizer as optimizer_lib
+from glmrl.policy import accumulate
+from glmrl.policy import ar as step_lib
 from tests.train.common import tiny_config
 
 
@@ -22,7 +23,7 @@ def trainer(tmp_path_factory):
 
 
 def test_one_step(trainer):
-  before = jax.tree.map(np.asarray, trainer.params)
+  before = jax.tree.map(np.asarray, trainer.states["ar"].trainable)
   scalars = trainer.step()
   assert trainer.step_index == 1
   # The first update's old log-probs are its own forward's: the first ratio is exactly 1.
@@ -42,10 +43,10 @@ def test_one_step(trainer):
   for key in ("reward/mean", "reward/std", "reward/brightness/mean", "advantage/mean", "clip/low_frac",
               "policy/entropy", "learning_rate", "time/rollout", "throughput/tokens_per_s"):
     assert key in scalars, key
-  changed = jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), before, trainer.params)
+  changed = jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), before, trainer.states["ar"].trainable)
   assert any(jax.tree.leaves(changed))
   # Frozen parts (vision encoder, VQ) are not in the trained state and get no optimizer state.
-  paths = {"/".join(map(str, p)) for p, _ in jax.tree_util.tree_leaves_with_path(trainer.params)}
+  paths = {"/".join(map(str, p)) for p, _ in jax.tree_util.tree_leaves_with_path(trainer.states["ar"].trainable)}
   assert not any("visual" in p or "vq" in p for p in paths)
 
 
@@ -54,20 +55,20 @@ def test_micro_batches_give_the_full_batch_update(trainer):
   first iteration (old log-probs from the forward) and on a later one (old log-probs given)."""
   run = trainer.run
   data_batch = next(run.iterator)
-  collected = loop.rollout_lib.collect(run, data_batch, jax.random.key(7), trainer.params)
-  rollout, (prompt_len, layout) = collected.batch, collected.update_shape
+  collected = loop.rollout_lib.collect(run, data_batch, jax.random.key(7), {"ar": trainer.states["ar"].trainable})
+  rollout, shape = collected.batches["ar"], collected.update_shapes["ar"]
   # Group advantages have zero mean, which makes the on-policy loss zero up to rounding (whose value
   # depends on the summation order); shifted ones give a loss of order one to compare.
   rollout = rollout.replace(advantages=rollout.advantages + 0.25)
   results = []
   for micro in (1, 2):
-    spec = dataclasses.replace(loop.setup_lib.update_spec(run.config, prompt_len, layout), micro_batches=micro)
+    spec = dataclasses.replace(step_lib.update_spec(run.config, *shape), micro_batches=micro)
     fn = jax.jit(lambda p, f, o, r, first, spec=spec: step_lib.update(
-        run.ar_graphdef, p, f, o, r, None, first, spec=spec, tx=trainer.tx, schedule=trainer.schedule))
-    params, opt_state, m_first, (old_logp, _) = fn(trainer.params, run.frozen, trainer.opt_state, rollout, True)
+        run.states["ar"].graphdef, p, f, o, r, None, first, spec=spec, tx=trainer.states["ar"].tx, schedule=trainer.states["ar"].schedule))
+    params, opt_state, m_first, (old_logp, _) = fn(trainer.states["ar"].trainable, run.states["ar"].frozen, trainer.states["ar"].opt_state, rollout, True)
     assert m_first["ratio/min"] == 1.0 and m_first["ratio/max"] == 1.0
     first_params = jax.tree.map(np.asarray, params)
-    _, _, m_later, _ = fn(params, run.frozen, opt_state, rollout.replace(old_logp=old_logp), False)
+    _, _, m_later, _ = fn(params, run.states["ar"].frozen, opt_state, rollout.replace(old_logp=old_logp), False)
     assert m_later["ratio/min"] < 1.0 < m_later["ratio/max"]
     results.append((old_logp, first_params, m_first, m_later))
   # Parameters are compared after the first update only: AdamW's second step divides by the root of the
@@ -86,15 +87,15 @@ def test_bfloat16_params_and_compute(tmp_path):
   trainer = loop.Trainer(tiny_config(model__param_dtype="bfloat16", model__compute_dtype="bfloat16",
                                      model__remat=True), str(tmp_path))
   try:
-    assert {x.dtype for x in jax.tree.leaves(trainer.params)} == {np.dtype("bfloat16")}
-    assert isinstance(trainer.opt_state, optimizer_lib.MasterWeights)
+    assert {x.dtype for x in jax.tree.leaves(trainer.states["ar"].trainable)} == {np.dtype("bfloat16")}
+    assert isinstance(trainer.states["ar"].opt_state, optimizer_lib.MasterWeights)
     scalars = trainer.step()
     assert np.isfinite(scalars["loss"]) and scalars["skipped"] == 0 and scalars["grad_norm"] > 0
     assert scalars["first_iter/ratio/min"] == 1.0 and scalars["first_iter/ratio/max"] == 1.0
-    master = trainer.opt_state.params
+    master = trainer.states["ar"].opt_state.params
     assert {x.dtype for x in jax.tree.leaves(master)} == {np.dtype("float32")}
     jax.tree.map(lambda m, p: np.testing.assert_array_equal(np.asarray(m.astype(p.dtype)), np.asarray(p)),
-                 master, trainer.params)
+                 master, trainer.states["ar"].trainable)
   finally:
     trainer.close()
 
@@ -107,9 +108,9 @@ def test_micro_batches_are_strided_and_merge_back():
       sequence_ids=ids, positions=np.stack([ids, ids + 100, ids + 200]), valid=ids > 0,
       old_logp=ids.astype(np.float32), sampler_logp=ids.astype(np.float32),
       advantages=np.arange(b, dtype=np.float32), mask=np.ones((b, s), np.float32))
-  micro = step_lib.split_micro(rollout, m)
+  micro = accumulate.split_micro(rollout, m)
   for i in range(m):
     np.testing.assert_array_equal(micro.sequence_ids[i], ids[i::m])
     np.testing.assert_array_equal(micro.positions[i], np.stack([ids, ids + 100, ids + 200])[:, i::m])
     np.testing.assert_array_equal(micro.advantages[i], np.arange(b)[i::m])
-  np.testing.assert_array_equal(step_lib.merge_micro(micro.old_logp), ids)
+  np.testing.assert_array_equal(accumulate.merge_micro(micro.old_logp), ids)

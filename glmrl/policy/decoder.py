@@ -1,8 +1,9 @@
-"""The decoder (DiT) policy update of Flow-GRPO: one jitted function over the trained timesteps.
+"""The decoder (DiT) policy: Flow-GRPO on the SDE window of its denoising steps. Its rollout batch, its spec,
+its update (one jitted function over the trained timesteps) and the `Policy` object the run calls (`POLICY`).
 
 The policy of one SDE step is the Gaussian of `glmrl.grpo.flow`; its mean comes from the CFG-guided
 velocity (`decode.guided_velocity`, the sampler's own function: conditional and unconditional branch,
-both under the trained parameters). As the AR update (`glmrl.train.step`), the first update of a
+both under the trained parameters). As the AR update (`glmrl.policy.ar`), the first update of a
 rollout takes old = stop_gradient(new) inside its own loss (ratio exp(0) = 1 exactly, per timestep)
 and returns those log-probs for the later iterations.
 
@@ -23,10 +24,12 @@ import optax
 from flax import nnx
 from flax import struct
 
+from glmrl.checkpoint.manager import DECODER_LORA_FILE, DECODER_OPT_STATE, DECODER_PARAMS
 from glmrl.grpo import flow
 from glmrl.models import lora as lora_lib
+from glmrl.policy import accumulate
+from glmrl.policy.base import Request, Settings
 from glmrl.sampling import decode
-from glmrl.train.step import apply_accumulated, merge_micro, split_micro
 
 
 @struct.dataclass
@@ -55,6 +58,13 @@ class Window:
     """The `size` steps from step `start` (traced) of a schedule."""
     cut = lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, size)
     return cls(cut(model_timesteps_S, start), cut(sigmas_S1, start), cut(sigmas_S1, start + 1))
+
+
+@struct.dataclass
+class DecoderBatch:
+  """The decoder update's input: the rollout's rows and the trained steps' schedule."""
+  rollout: DecoderRollout
+  window: Window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,49 +119,112 @@ def accumulate_gradients(graphdef, params, frozen, rollout: DecoderRollout, wind
   steps = window.timesteps.shape[0]
 
   def timestep(carry, w, mb):
-    grads_acc, stats = carry
     mu_ref = None
     if use_kl:
       mu_ref, _ = step_mean(graphdef, ref_params, frozen, mb, window, w, spec)
       mu_ref = jax.lax.stop_gradient(mu_ref)
     grads, (aux, old) = grad_fn(params, graphdef, frozen, mb, window, w, mu_ref, first, spec)
-    count = aux["denominator"]
-    new_stats = {k: stats[k] + aux[k] * count for k in _MEAN_STATS}
-    new_stats.update(numerator=stats["numerator"] + aux["numerator"],
-                     denominator=stats["denominator"] + count,
-                     ratio_min=jnp.minimum(stats["ratio_min"], aux["ratio_min"]),
-                     ratio_max=jnp.maximum(stats["ratio_max"], aux["ratio_max"]))
-    grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
-    return (grads_acc, new_stats), old
+    return accumulate.add(carry, grads, aux, aux["denominator"], _MEAN_STATS), old
 
   def micro_batch(carry, mb):
     carry, old_WxB = jax.lax.scan(lambda c, w: timestep(c, w, mb), carry, jnp.arange(steps))
     return carry, old_WxB.T
 
-  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-  init = {k: jnp.zeros((), jnp.float32) for k in _MEAN_STATS + ("numerator", "denominator")}
-  init.update(ratio_min=jnp.array(jnp.inf, jnp.float32), ratio_max=jnp.array(-jnp.inf, jnp.float32))
-  (grads_sum, stats), old_MxBxW = jax.lax.scan(micro_batch, (zeros, init), split_micro(rollout, spec.micro_batches))
-  return grads_sum, stats, merge_micro(old_MxBxW)
+  (grads_sum, stats), old_MxBxW = jax.lax.scan(micro_batch, accumulate.init(params, _MEAN_STATS),
+                                               accumulate.split_micro(rollout, spec.micro_batches))
+  return grads_sum, stats, accumulate.merge_micro(old_MxBxW)
 
 
-def update(graphdef, params, frozen, opt_state, rollout: DecoderRollout, window: Window, ref_params=None, first=True,
-           *, spec: DecoderSpec, tx: optax.GradientTransformation, schedule):
+def update(graphdef, params, frozen, opt_state, batch: DecoderBatch, ref_params=None, first=True, *,
+           spec: DecoderSpec, tx: optax.GradientTransformation, schedule):
   """One optimizer step of the DiT on the rollout's trained steps; returns (params, opt_state, metrics, old_logp).
 
   A non-finite loss or gradient leaves params and optimizer state untouched and reports `skipped = 1`.
   """
-  grads_sum, stats, old_logp = accumulate_gradients(graphdef, params, frozen, rollout, window, ref_params, first,
-                                                    spec=spec)
+  grads_sum, stats, old_logp = accumulate_gradients(graphdef, params, frozen, batch.rollout, batch.window,
+                                                    ref_params, first, spec=spec)
   # Every (sample, step) in the loss counts once: the statistics' means are over the denominator.
-  new_params, new_opt_state, metrics = apply_accumulated(tx, schedule, params, opt_state, grads_sum, stats,
-                                                         jnp.maximum(stats["denominator"], 1.0))
+  new_params, new_opt_state, metrics = accumulate.apply(tx, schedule, params, opt_state, grads_sum, stats,
+                                                        jnp.maximum(stats["denominator"], 1.0))
   return new_params, new_opt_state, metrics, old_logp
 
 
-def make_update(graphdef, spec: DecoderSpec, tx, schedule, *, param_shardings=None, opt_shardings=None):
-  """`update` jitted once, params and optimizer state donated; called as
-  fn(params, frozen, opt_state, rollout, window, ref_params, first)."""
-  fn = functools.partial(update, graphdef, spec=spec, tx=tx, schedule=schedule)
-  out_shardings = None if param_shardings is None else (param_shardings, opt_shardings, None, None)
-  return jax.jit(fn, donate_argnums=(0, 2), out_shardings=out_shardings)
+def decoder_spec(config, images: int) -> DecoderSpec:
+  """The static description of the run's decoder update on `images` rows."""
+  d, settings = config.decoder, POLICY.settings(config)
+  return DecoderSpec(
+      noise_level=float(d.noise_level), guidance_scale=float(config.sampling.guidance_scale),
+      clip_range=float(d.clip_range), adv_clip_max=float(d.adv_clip_max), beta=settings.beta,
+      micro_batches=images // (settings.micro_batch_size or images),
+      reference="adapters_off" if settings.lora.enabled else "params")
+
+
+def window_start(config, key):
+  """The SDE window's first step: config.decoder.window_start, or -1: uniform over the steps it fits."""
+  d = config.decoder
+  if d.window_start >= 0:
+    return jnp.asarray(d.window_start, jnp.int32)
+  return jax.random.randint(key, (), 0, d.train_steps - d.window_size + 1, jnp.int32)
+
+
+class DecoderPolicy:
+  """Flow-GRPO on the DiT (`glmrl.policy.base.Policy`): groups of one token grid's SDE samples."""
+  name = "decoder"
+  component = "dit"
+  params_item, opt_item = DECODER_PARAMS, DECODER_OPT_STATE
+  adapters_file = DECODER_LORA_FILE
+  lora_section = "config.decoder.lora"
+  salt = 0xD17
+  full_filter = nnx.Param
+
+  micro_batch_key = "config.decoder.micro_batch_size"
+
+  def rows_per_prompt(self, request: Request) -> int:
+    """Rows of its update per prompt: one per image."""
+    return request.images_per_prompt
+
+  def rewards(self, config, request: Request) -> tuple:
+    """(its reward entries, the rows a per-group normalisation spans: a token grid's samples)."""
+    return config.decoder.rewards, request.samples_per_grid
+
+  def settings(self, config) -> Settings:
+    d = config.decoder
+    return Settings(group_size=d.group_size,
+                    lora=lora_lib.LoraConfig(rank=d.lora.rank, alpha=float(d.lora.alpha),
+                                             targets=lora_lib.target_patterns(d.lora.targets)),
+                    optim=d.optim, num_iterations=d.num_iterations, beta=float(d.beta),
+                    micro_batch_size=d.micro_batch_size)
+
+  def request(self, config) -> Request:
+    return Request(samples_per_grid=config.decoder.group_size, sde=True)
+
+  def prefix(self, policies) -> str:
+    del policies
+    return "decoder/"
+
+  def group_rewards(self, total_B, request: Request):
+    return total_B, request.samples_per_grid
+
+  def rollout_batch(self, config, sampled, advantages, keep) -> DecoderBatch:
+    sde = sampled.sde
+    rollout = sde.rollout.replace(
+        old_logp=jnp.full_like(sde.rollout.sampler_logp, jnp.nan), advantages=advantages,
+        mask=jnp.broadcast_to(keep[:, None], (keep.shape[0], config.decoder.window_size)))
+    return DecoderBatch(rollout, sde.window)
+
+  def update_shape(self, sampled) -> tuple:
+    return (sampled.sde.rollout.sampler_logp.shape[0],)
+
+  def make_update(self, state, config, shape):
+    images, = shape
+    return state.jit_update(update, decoder_spec(config, images))
+
+  def after_first(self, batch: DecoderBatch, outputs, config) -> tuple[DecoderBatch, dict]:
+    del config
+    rollout = batch.rollout
+    # The sampler's log-probs vs the learner's of the same steps: one guided velocity function, two programs.
+    metrics = {"logprob/sampler_vs_recomputed_max_abs": jnp.max(jnp.abs(rollout.sampler_logp - outputs))}
+    return batch.replace(rollout=rollout.replace(old_logp=outputs)), metrics
+
+
+POLICY = DecoderPolicy()

@@ -1,4 +1,5 @@
-"""The GRPO policy update: one jitted function, micro-batched with exact loss accumulation.
+"""The AR generator's policy: GRPO on its image tokens. Its rollout batch, its spec, its update (one jitted
+function, micro-batched with exact loss accumulation) and the `Policy` object the run calls (`POLICY`).
 
 There is no separate old-log-prob pass. The first update of a rollout (`first=True`) takes
 old = stop_gradient(new) inside its own micro-batch loss: its ratio is exp(0) = 1 exactly, for
@@ -20,10 +21,15 @@ from flax import nnx
 from flax import struct
 
 from glmrl import grpo
+from glmrl.checkpoint.manager import LORA_FILE
 from glmrl.models import lora as lora_lib
 from glmrl.models.ar.prompt import GenerationLayout
-from glmrl.sampling.logprobs import SamplingConfig, teacher_forced_logprobs
-from glmrl.train import optimizer as optimizer_lib
+from glmrl.policy import accumulate
+from glmrl.policy.base import Request, Settings
+from glmrl.sampling.logprobs import SamplingConfig, sampling_config, teacher_forced_logprobs
+
+# The AR model's parts that full fine-tuning trains; the vision encoder and VQ stay frozen.
+TRAINABLE = nnx.All(nnx.Param, nnx.Not(nnx.Any(nnx.PathContains("visual"), nnx.PathContains("vq"))))
 
 
 @struct.dataclass
@@ -82,30 +88,6 @@ def _micro_loss(params, graphdef, frozen, mb: Rollout, first, spec: UpdateSpec):
   return aux["numerator"], (aux, old_logp)
 
 
-def split_micro(tree, m: int):
-  """[B, ...] -> [m, B/m, ...] strided: micro-batch i holds rows i, i + m, i + 2m, ... (positions
-  [3, B, S] -> [m, 3, B/m, S]).
-
-  The batch is sharded over data x fsdp in contiguous row blocks; strided micro-batches take rows from
-  every block, so each spans every device and the scan slices it in place (contiguous ones would each
-  sit on a few devices and be re-gathered every iteration).
-  """
-  def one(path, x):
-    if x is None:
-      return None
-    if path and getattr(path[-1], "name", None) == "positions":
-      return jnp.moveaxis(x.reshape(3, -1, m, x.shape[-1]), 2, 0)
-    return jnp.moveaxis(x.reshape(-1, m, *x.shape[1:]), 1, 0)
-  return jax.tree_util.tree_map_with_path(one, tree)
-
-
-def merge_micro(x_MxBxN):
-  """The inverse of `split_micro` for a [m, B/m, N] result: rows back in batch order."""
-  if x_MxBxN is None:
-    return None
-  return jnp.moveaxis(x_MxBxN, 0, 1).reshape(-1, x_MxBxN.shape[-1])
-
-
 # Token-weighted means of the micro-batches (summed as mean x tokens, divided by all tokens at the end).
 _MEAN_STATS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean", "tis_weight_mean", "tis_capped_frac")
 
@@ -120,13 +102,12 @@ def accumulate_gradients(graphdef, params, frozen, rollout: Rollout, ref_params,
   micro-batch); otherwise the rollout's, passed through.
   """
   grad_fn = jax.grad(_micro_loss, has_aux=True)
-  micro = split_micro(rollout, spec.micro_batches)
+  micro = accumulate.split_micro(rollout, spec.micro_batches)
   if spec.reference == "adapters_off" and rollout.ref_logp is not None:
     ref_params = lora_lib.adapters_off(params)
   use_ref = ref_params is not None and rollout.ref_logp is not None
 
   def body(carry, mb):
-    grads_acc, stats = carry
     ref_logp = None
     if use_ref:
       ref_logp = jax.lax.cond(
@@ -135,19 +116,10 @@ def accumulate_gradients(graphdef, params, frozen, rollout: Rollout, ref_params,
       mb = mb.replace(ref_logp=ref_logp)
     grads, (aux, old_logp) = grad_fn(params, graphdef, frozen, mb, first, spec)
     tokens = jnp.sum(mb.mask > 0).astype(jnp.float32)
-    new_stats = {k: stats[k] + aux[k] * tokens for k in _MEAN_STATS}
-    new_stats.update(
-        numerator=stats["numerator"] + aux["numerator"], denominator=stats["denominator"] + aux["denominator"],
-        ratio_min=jnp.minimum(stats["ratio_min"], aux["ratio_min"]),
-        ratio_max=jnp.maximum(stats["ratio_max"], aux["ratio_max"]))
-    grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
-    return (grads_acc, new_stats), (old_logp, ref_logp)
+    return accumulate.add(carry, grads, aux, tokens, _MEAN_STATS), (old_logp, ref_logp)
 
-  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-  init = {k: jnp.zeros((), jnp.float32) for k in _MEAN_STATS + ("numerator", "denominator")}
-  init.update(ratio_min=jnp.array(jnp.inf, jnp.float32), ratio_max=jnp.array(-jnp.inf, jnp.float32))
-  (grads_sum, stats), (old_MxBxN, ref_MxBxN) = jax.lax.scan(body, (zeros, init), micro)
-  return grads_sum, stats, merge_micro(old_MxBxN), merge_micro(ref_MxBxN)
+  (grads_sum, stats), (old_MxBxN, ref_MxBxN) = jax.lax.scan(body, accumulate.init(params, _MEAN_STATS), micro)
+  return grads_sum, stats, accumulate.merge_micro(old_MxBxN), accumulate.merge_micro(ref_MxBxN)
 
 
 def update(graphdef, params, frozen, opt_state, rollout: Rollout, ref_params=None, first=True, *,
@@ -163,52 +135,108 @@ def update(graphdef, params, frozen, opt_state, rollout: Rollout, ref_params=Non
   grads_sum, stats, old_logp, ref_logp = accumulate_gradients(graphdef, params, frozen, rollout, ref_params,
                                                               first, spec=spec)
   per_token = jnp.maximum(jnp.sum(rollout.mask > 0), 1).astype(jnp.float32)
-  new_params, new_opt_state, metrics = apply_accumulated(tx, schedule, params, opt_state, grads_sum, stats,
-                                                         per_token)
+  new_params, new_opt_state, metrics = accumulate.apply(tx, schedule, params, opt_state, grads_sum, stats, per_token)
   if spec.tis_cap:
     metrics["tis/weight_mean"] = stats["tis_weight_mean"] / per_token
     metrics["tis/capped_frac"] = stats["tis_capped_frac"] / per_token
   return new_params, new_opt_state, metrics, (old_logp, ref_logp)
 
 
-def apply_accumulated(tx, schedule, params, opt_state, grads_sum, stats, count):
-  """The optimizer step of an accumulated loss: (params, opt_state, metrics).
+def update_spec(config, prompt_len: int, layout, batch: int) -> UpdateSpec:
+  """The static description of the run's update for its prompt length, generation layout and `batch` rows."""
+  settings = POLICY.settings(config)
+  return UpdateSpec(
+      prompt_len=prompt_len, layout=layout, sampling=sampling_config(config),
+      micro_batches=batch // (settings.micro_batch_size or batch), epsilon_low=float(config.grpo.epsilon_low),
+      epsilon_high=float(config.grpo.epsilon_high), beta=settings.beta, kl=config.grpo.kl,
+      aggregation=config.grpo.aggregation, remat=config.model.remat, tis_cap=float(config.grpo.tis_cap),
+      reference="adapters_off" if settings.lora.enabled else "params")
 
-  grads = grads_sum / sum(denominator) (the full-batch gradient); a non-finite loss or gradient leaves
-  params and optimizer state untouched and reports `skipped = 1`. The statistics' masked means
-  (`ratio_mean`, `clip_frac_*`, `kl_mean`, summed weighted by their counts) are divided by `count`.
+
+def token_mask(layout, loss_tokens: str) -> jnp.ndarray:
+  """[N] 1.0 for the generated tokens the loss covers: all of them, or only the target grid's."""
+  n = layout.num_new_tokens
+  if loss_tokens == "all":
+    return jnp.ones((n,), jnp.float32)
+  target = layout.grid_slice(layout.target)
+  return jnp.zeros((n,), jnp.float32).at[target].set(1.0)
+
+
+@functools.partial(jax.jit, static_argnames=("forced_end",))
+def logprob_metrics(sampler_logp, old_logp, *, forced_end: bool) -> dict:
+  """Rollout-level scalars of the learner's old log-probs [B, N] (from the first update).
+
+  forced_end: the last generated token is the end token by rule (log-prob 0 under both); it is no
+  sample of the policy and stays out of the entropy estimate.
   """
-  denominator = jnp.maximum(stats["denominator"], 1e-30)
-  grads = jax.tree.map(lambda g: g / denominator, grads_sum)
-  loss = stats["numerator"] / denominator
-  grad_norm = optax.tree.norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  new_params, new_opt_state = jax.lax.cond(
-      finite, lambda: optimizer_lib.apply(tx, grads, opt_state, params), lambda: (params, opt_state))
-  metrics = {
-      "loss": loss,
-      "grad_norm": grad_norm,
-      "skipped": 1.0 - finite.astype(jnp.float32),
-      # The learning rate this update used (the schedule's own update counter).
-      "learning_rate": schedule(optimizer_lib.update_count(opt_state)),
-      "ratio/mean": stats["ratio_mean"] / count,
-      "ratio/min": stats["ratio_min"],
-      "ratio/max": stats["ratio_max"],
-      "clip/low_frac": stats["clip_frac_low"] / count,
-      "clip/high_frac": stats["clip_frac_high"] / count,
-      "kl": stats["kl_mean"] / count,
+  sampled_BxN = old_logp[:, :-1] if forced_end else old_logp
+  return {
+      # The sampler's log-probs vs the learner's recomputation of the same policy: their kernels differ
+      # (KV-cache decode vs teacher forcing), equal up to float rounding in float32 but not in bfloat16;
+      # `grpo.tis_cap` corrects for the difference.
+      "logprob/sampler_vs_recomputed_max_abs": jnp.max(jnp.abs(sampler_logp - old_logp)),
+      # Monte-Carlo estimate of the sampling distribution's per-token entropy, E[-log p].
+      "policy/entropy": -jnp.mean(sampled_BxN),
   }
-  return new_params, new_opt_state, metrics
 
 
-def make_update(graphdef, spec: UpdateSpec, tx, schedule, *, param_shardings=None, opt_shardings=None):
-  """`update` jitted once for the run, with the replaced params and optimizer state donated.
+class ArPolicy:
+  """GRPO on the AR generator's tokens (`glmrl.policy.base.Policy`): groups of token grids per prompt."""
+  name = "ar"
+  component = "ar"
+  params_item, opt_item = "params", "opt_state"
+  adapters_file = LORA_FILE
+  lora_section = "config.lora"
+  salt = 0x10FA
+  full_filter = TRAINABLE
 
-  Called as fn(params, frozen, opt_state, rollout, ref_params, first); `first` is a traced bool, so
-  the first and the later iterations of a rollout share one compiled program.
-  """
-  fn = functools.partial(update, graphdef, spec=spec, tx=tx, schedule=schedule)
-  out_shardings = None
-  if param_shardings is not None:
-    out_shardings = (param_shardings, opt_shardings, None, None)
-  return jax.jit(fn, donate_argnums=(0, 2), out_shardings=out_shardings)
+  micro_batch_key = "config.train.micro_batch_size"
+
+  def rows_per_prompt(self, request: Request) -> int:
+    """Rows of its update per prompt: one per token grid."""
+    return request.grids_per_prompt
+
+  def rewards(self, config, request: Request) -> tuple:
+    """(its reward entries, the rows a per-group normalisation spans: a prompt's images)."""
+    return config.rewards, request.images_per_prompt
+
+  def settings(self, config) -> Settings:
+    return Settings(group_size=config.grpo.group_size,
+                    lora=lora_lib.LoraConfig(rank=config.lora.rank, alpha=float(config.lora.alpha),
+                                             targets=lora_lib.target_patterns(config.lora.targets)),
+                    optim=config.optim, num_iterations=config.grpo.num_iterations, beta=float(config.grpo.beta),
+                    micro_batch_size=config.train.micro_batch_size)
+
+  def request(self, config) -> Request:
+    return Request(grids_per_prompt=config.grpo.group_size)
+
+  def prefix(self, policies) -> str:
+    """None in an AR-only run (its metric names as ever), "ar/" beside another policy."""
+    return "" if tuple(policies) == ("ar",) else "ar/"
+
+  def group_rewards(self, total_B, request: Request):
+    # A token grid's reward is the mean over its decoder samples (one sample when the decoder is not trained).
+    return jnp.mean(total_B.reshape(-1, request.samples_per_grid), axis=1), request.grids_per_prompt
+
+  def rollout_batch(self, config, sampled, advantages, keep) -> Rollout:
+    sample = sampled.sample
+    mask = keep[:, None] * token_mask(sample.layout, config.grpo.loss_tokens)[None, :]
+    not_yet = jnp.full_like(sample.logprobs, jnp.nan)  # the first update's output (same shape: one program)
+    return Rollout(sequence_ids=sample.sequence_ids, positions=sample.positions, valid=sample.valid,
+                   sampler_logp=sample.logprobs, old_logp=not_yet, advantages=advantages, mask=mask,
+                   ref_logp=not_yet if config.grpo.beta > 0 else None)
+
+  def update_shape(self, sampled) -> tuple:
+    """(prompt length, generation layout, rows: one per token grid)."""
+    return sampled.sample.prompt_len, sampled.sample.layout, sampled.sample.logprobs.shape[0]
+
+  def make_update(self, state, config, shape):
+    return state.jit_update(update, update_spec(config, *shape))
+
+  def after_first(self, batch: Rollout, outputs, config) -> tuple[Rollout, dict]:
+    old_logp, ref_logp = outputs
+    return batch.replace(old_logp=old_logp, ref_logp=ref_logp), logprob_metrics(
+        batch.sampler_logp, old_logp, forced_end=bool(config.sampling.constrain_to_codebook))
+
+
+POLICY = ArPolicy()

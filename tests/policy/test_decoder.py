@@ -21,7 +21,7 @@ from glmrl.models import lora as lora_lib
 from glmrl.models.dit import DiTConfig, GlmImageDiT
 from glmrl.models.vae import AutoencoderKL, VAEConfig
 from glmrl.sampling import decode, scheduler
-from glmrl.train import decoder_step
+from glmrl.policy import decoder as decoder_step
 
 H = W = 64
 STEPS, START, SIZE = 4, 1, 2
@@ -75,7 +75,7 @@ def accumulate(setup, first=True, **kw):
 def test_first_update_ratio_is_exactly_one_and_logprobs_are_the_samplers(setup):
   graphdef, adapters, base, rollout, window = setup
   tx = optax.adam(1e-3)
-  new, _, metrics, old = decoder_step.update(graphdef, adapters, base, tx.init(adapters), rollout, window, None, True,
+  new, _, metrics, old = decoder_step.update(graphdef, adapters, base, tx.init(adapters), decoder_step.DecoderBatch(rollout, window), None, True,
                                              spec=spec(), tx=tx, schedule=lambda _: 1e-3)
   assert float(metrics["ratio/min"]) == float(metrics["ratio/max"]) == 1.0
   assert float(metrics["skipped"]) == 0.0
