@@ -74,7 +74,7 @@ from glmrl.models.dit import DiTConfig, GlmImageDiT  # noqa: E402
 from glmrl.models.vae import AutoencoderKL, VAEConfig  # noqa: E402
 from glmrl.sampling import decode, scheduler  # noqa: E402
 from glmrl.policy import accumulate  # noqa: E402
-from glmrl.policy import decoder as decoder_step  # noqa: E402
+from glmrl.policy import decoder as decoder_policy  # noqa: E402
 from glmrl.policy import optimizer as optimizer_lib  # noqa: E402
 
 # Flow-GRPO's defaults, as configs/common.py (decoder.*, sampling.guidance_scale).
@@ -150,11 +150,11 @@ def rollout_fn(graphdef, adapters, base, vae_def, vae_state, x: dict, window: in
   return lambda: jax.block_until_ready(decode.denoise_and_decode(*args))[2]
 
 
-def decoder_rollout(traj: decode.Trajectory, x: dict, start: int, size: int) -> decoder_step.DecoderRollout:
+def decoder_rollout(traj: decode.Trajectory, x: dict, start: int, size: int) -> decoder_policy.DecoderRollout:
   """The update's batch: `size` recorded steps from `start` of an all-SDE trajectory ([T, B, ...])."""
   cut_BxW = lambda a: jnp.swapaxes(a[start:start + size], 0, 1)
   b = x["noise_BxCxhxw"].shape[0]
-  return decoder_step.DecoderRollout(
+  return decoder_policy.DecoderRollout(
       cond=conditioning(x), target_size=jnp.asarray(x["size_Bx2"]), crop=jnp.asarray(x["crop_Bx2"]),
       latents_before=cut_BxW(traj.latents_before), latents_after=cut_BxW(traj.latents_after),
       sampler_logp=cut_BxW(traj.sampler_logp), old_logp=jnp.full((b, size), jnp.nan),
@@ -167,15 +167,15 @@ class Updater:
   def __init__(self, graphdef, adapters, base):
     optim = dict(learning_rate=3e-4, warmup_steps=0, weight_decay=1e-4, b1=0.9, b2=0.999, max_grad_norm=1.0)
     tx, schedule = optimizer_lib.make_optimizer(argparse.Namespace(**optim), num_steps=1000)
-    spec = decoder_step.DecoderSpec(noise_level=NOISE, guidance_scale=GUIDANCE, clip_range=CLIP,
+    spec = decoder_policy.DecoderSpec(noise_level=NOISE, guidance_scale=GUIDANCE, clip_range=CLIP,
                                     adv_clip_max=ADV_CLIP, beta=0.0, micro_batches=1, reference="adapters_off")
-    self.fn = accumulate.jit_update(decoder_step.update, graphdef, spec=spec, tx=tx, schedule=schedule)
+    self.fn = accumulate.jit_update(decoder_policy.update, graphdef, spec=spec, tx=tx, schedule=schedule)
     self.base = base
     self.params, self.opt_state = adapters, optimizer_lib.init(tx, adapters)
 
   def call(self, rollout, window):
     self.params, self.opt_state, metrics, _ = self.fn(self.params, self.base, self.opt_state,
-                                                      decoder_step.DecoderBatch(rollout, window), None, True)
+                                                      decoder_policy.DecoderBatch(rollout, window), None, True)
     jax.block_until_ready((self.params, metrics))
 
 
@@ -334,7 +334,7 @@ def main():
   timesteps, sigmas = jnp.asarray(x["timesteps_T"]), jnp.asarray(x["sigmas_T1"])
   for w in windows:
     start = min(args.window_start, args.steps - w)
-    rollout, window = decoder_rollout(traj, x, start, w), decoder_step.Window.at(timesteps, sigmas, start, w)
+    rollout, window = decoder_rollout(traj, x, start, w), decoder_policy.Window.at(timesteps, sigmas, start, w)
     fns[f"update_W{w}"] = functools.partial(updater.call, rollout, window)
     compile_s[f"update_W{w}"] = first_call(fns[f"update_W{w}"])
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp  # noqa: E402
 from bench.timing import interleaved_medians  # noqa: E402
 from configs import demo  # noqa: E402
 from glmrl.train import loop  # noqa: E402
-from glmrl.policy import ar as step_lib  # noqa: E402
+from glmrl.policy import ar as ar_policy  # noqa: E402
 
 
 def main(argv=None):
@@ -49,22 +49,21 @@ def main(argv=None):
   config.grpo.beta = args.beta
   config.log.image_interval = 0
   trainer = loop.Trainer(config, tempfile.mkdtemp(prefix="bench_old_logprob_"))
-  run = trainer.run
+  run, ar = trainer.run, trainer.states["ar"]
   start = time.perf_counter()
-  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(0), {"ar": trainer.states["ar"].trainable})
+  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(0), {"ar": ar.trainable})
   rollout, shape = collected.batches["ar"], collected.update_shapes["ar"]
   first_rollout_s = time.perf_counter() - start
   rollout_s = interleaved_medians(
-      [lambda: loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(1), {"ar": trainer.states["ar"].trainable})],
+      [lambda: loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(1), {"ar": ar.trainable})],
       max(args.reps // 3, 1))[0]
 
-  spec = step_lib.update_spec(run.config, *shape)
+  spec = ar_policy.update_spec(run.config, *shape)
   # Not donating: every call starts from the same state (the cost of the arithmetic is the same).
-  update = jax.jit(functools.partial(step_lib.update, run.states["ar"].graphdef, spec=spec, tx=trainer.states["ar"].tx,
-                                     schedule=trainer.states["ar"].schedule))
-  logprob_pass = jax.jit(functools.partial(step_lib.rollout_logprobs, run.states["ar"].graphdef,
+  update = jax.jit(functools.partial(ar_policy.update, ar.graphdef, spec=spec, tx=ar.tx, schedule=ar.schedule))
+  logprob_pass = jax.jit(functools.partial(ar_policy.rollout_logprobs, ar.graphdef,
                                            spec=dataclasses.replace(spec, micro_batches=1)))
-  params, frozen, opt_state, ref = trainer.states["ar"].trainable, run.states["ar"].frozen, trainer.states["ar"].opt_state, trainer.states["ar"].reference
+  params, frozen, opt_state, ref = ar.trainable, ar.frozen, ar.opt_state, ar.reference
 
   def fused():
     jax.block_until_ready(update(params, frozen, opt_state, rollout, ref, True))

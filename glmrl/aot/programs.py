@@ -84,6 +84,10 @@ class AbstractRun:
   def prompt_len(self) -> int:
     return self.config.data.max_prompt_tokens
 
+  @property
+  def latent_shape(self) -> tuple[int, int, int]:
+    return self.configs.latent_shape(self.config.data.height, self.config.data.width)
+
 
 def build(config, mesh) -> AbstractRun:
   """The run of `config` on `mesh`, abstractly: `model.checkpoint_dir`'s configs, else the preset's."""
@@ -142,11 +146,6 @@ def _conditioning(run: AbstractRun, rows: int) -> decode.Conditioning:
       neg_glyph_mask_BxS=batch_array(mesh, (rows, neg_len), jnp.bool_))
 
 
-def _latent_shape(run: AbstractRun) -> tuple:
-  f = run.configs.vae.scale_factor
-  return (run.configs.dit.in_channels, run.config.data.height // f, run.config.data.width // f)
-
-
 def rollout_steps(run: AbstractRun) -> int:
   """Denoising steps of a training rollout: decoder.train_steps with an SDE window, else sampling.dit_steps."""
   return run.config.decoder.train_steps if run.request.sde else run.config.sampling.dit_steps
@@ -172,7 +171,7 @@ def decoder(run: AbstractRun) -> Program:
            replicated(mesh, (), jnp.int32))
   lowered = decode.denoise_and_decode.lower(
       dit_def, dit_state, vae_def, vae_state, _conditioning(run, chunk),
-      batch_array(mesh, (chunk, *_latent_shape(run)), jnp.float32),
+      batch_array(mesh, (chunk, *run.latent_shape), jnp.float32),
       replicated(mesh, sched.model_timesteps.shape, jnp.float32), replicated(mesh, sched.sigmas.shape, jnp.float32),
       float(cfg.sampling.guidance_scale), batch_array(mesh, (chunk, 2), jnp.float32),
       batch_array(mesh, (chunk, 2), jnp.float32), None, *sde)
@@ -214,7 +213,7 @@ def _decoder_batch(run: AbstractRun) -> tuple:
   mesh, b = run.mesh, run.images
   steps = run.config.decoder.window_size
   per_step = batch_array(mesh, (b, steps), jnp.float32)
-  latents = batch_array(mesh, (b, steps, *_latent_shape(run)), jnp.float32)
+  latents = batch_array(mesh, (b, steps, *run.latent_shape), jnp.float32)
   rollout = decoder_policy.DecoderRollout(
       cond=_conditioning(run, b), target_size=batch_array(mesh, (b, 2), jnp.float32),
       crop=batch_array(mesh, (b, 2), jnp.float32), latents_before=latents, latents_after=latents,

@@ -48,6 +48,11 @@ class GlmImageConfigs:
   scheduler: SchedulerConfig
   image_processor: ImageProcessorConfig
 
+  def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
+    """(C, h, w) of one image's DiT latents."""
+    f = self.vae.scale_factor
+    return self.dit.in_channels, height // f, width // f
+
   def check_consistent(self) -> None:
     """The components must agree on the sizes they exchange."""
     pairs = (

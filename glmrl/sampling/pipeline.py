@@ -297,8 +297,7 @@ class GlmImagePipeline:
   @property
   def latent_shape(self) -> tuple[int, int, int]:
     """(C, h, w) of one sample's latents."""
-    f = self.configs.vae.scale_factor
-    return self.configs.dit.in_channels, self.spec.height // f, self.spec.width // f
+    return self.configs.latent_shape(self.spec.height, self.spec.width)
 
   def initial_latents(self, key, num_prompts: int, group_size: int):
     """Standard normal latents [B, C, H/8, W/8]; shared within a group when the spec says so."""

@@ -69,7 +69,8 @@ def test_optimizer_state_is_sharded_like_the_parameters_and_state_bytes_scale_do
   # both slices hold exactly half as much on twice the chips.
   for tree in ("trainable", "opt_state"):
     halves = []
-    for a, b in zip(jax.tree.leaves(getattr(runs[4].states["ar"], tree)), jax.tree.leaves(getattr(runs[8].states["ar"], tree))):
+    leaves = [jax.tree.leaves(getattr(runs[n].states["ar"], tree)) for n in (4, 8)]
+    for a, b in zip(*leaves):
       if not b.sharding.is_fully_replicated:
         halves.append((report_lib.bytes_per_chip(a), report_lib.bytes_per_chip(b)))
     assert halves and all(b4 == 2 * b8 for b4, b8 in halves), tree

@@ -11,7 +11,7 @@ import pytest
 from glmrl.train import loop
 from glmrl.policy import optimizer as optimizer_lib
 from glmrl.policy import accumulate
-from glmrl.policy import ar as step_lib
+from glmrl.policy import ar as ar_policy
 from tests.train.common import tiny_config
 
 
@@ -53,22 +53,22 @@ def test_one_step(trainer):
 def test_micro_batches_give_the_full_batch_update(trainer):
   """Two micro-batches accumulate to exactly the one-batch gradient (float32, 1e-6 relative), on the
   first iteration (old log-probs from the forward) and on a later one (old log-probs given)."""
-  run = trainer.run
+  run, ar = trainer.run, trainer.states["ar"]
   data_batch = next(run.iterator)
-  collected = loop.rollout_lib.collect(run, data_batch, jax.random.key(7), {"ar": trainer.states["ar"].trainable})
+  collected = loop.rollout_lib.collect(run, data_batch, jax.random.key(7), {"ar": ar.trainable})
   rollout, shape = collected.batches["ar"], collected.update_shapes["ar"]
   # Group advantages have zero mean, which makes the on-policy loss zero up to rounding (whose value
   # depends on the summation order); shifted ones give a loss of order one to compare.
   rollout = rollout.replace(advantages=rollout.advantages + 0.25)
   results = []
   for micro in (1, 2):
-    spec = dataclasses.replace(step_lib.update_spec(run.config, *shape), micro_batches=micro)
-    fn = jax.jit(lambda p, f, o, r, first, spec=spec: step_lib.update(
-        run.states["ar"].graphdef, p, f, o, r, None, first, spec=spec, tx=trainer.states["ar"].tx, schedule=trainer.states["ar"].schedule))
-    params, opt_state, m_first, (old_logp, _) = fn(trainer.states["ar"].trainable, run.states["ar"].frozen, trainer.states["ar"].opt_state, rollout, True)
+    spec = dataclasses.replace(ar_policy.update_spec(run.config, *shape), micro_batches=micro)
+    fn = jax.jit(lambda p, f, o, r, first, spec=spec: ar_policy.update(
+        ar.graphdef, p, f, o, r, None, first, spec=spec, tx=ar.tx, schedule=ar.schedule))
+    params, opt_state, m_first, (old_logp, _) = fn(ar.trainable, ar.frozen, ar.opt_state, rollout, True)
     assert m_first["ratio/min"] == 1.0 and m_first["ratio/max"] == 1.0
     first_params = jax.tree.map(np.asarray, params)
-    _, _, m_later, _ = fn(params, run.states["ar"].frozen, opt_state, rollout.replace(old_logp=old_logp), False)
+    _, _, m_later, _ = fn(params, ar.frozen, opt_state, rollout.replace(old_logp=old_logp), False)
     assert m_later["ratio/min"] < 1.0 < m_later["ratio/max"]
     results.append((old_logp, first_params, m_first, m_later))
   # Parameters are compared after the first update only: AdamW's second step divides by the root of the
@@ -104,7 +104,7 @@ def test_micro_batches_are_strided_and_merge_back():
   """Micro-batch i holds rows i, i + m, ...: every micro-batch takes rows of every device's block."""
   b, m, s = 8, 4, 3
   ids = np.arange(b * s).reshape(b, s)
-  rollout = step_lib.Rollout(
+  rollout = ar_policy.Rollout(
       sequence_ids=ids, positions=np.stack([ids, ids + 100, ids + 200]), valid=ids > 0,
       old_logp=ids.astype(np.float32), sampler_logp=ids.astype(np.float32),
       advantages=np.arange(b, dtype=np.float32), mask=np.ones((b, s), np.float32))

@@ -21,7 +21,7 @@ from glmrl.models import lora as lora_lib
 from glmrl.models.dit import DiTConfig, GlmImageDiT
 from glmrl.models.vae import AutoencoderKL, VAEConfig
 from glmrl.sampling import decode, scheduler
-from glmrl.policy import decoder as decoder_step
+from glmrl.policy import decoder as decoder_policy
 
 H = W = 64
 STEPS, START, SIZE = 4, 1, 2
@@ -32,7 +32,7 @@ B = 4
 def spec(**kw):
   base = dict(noise_level=NOISE, guidance_scale=GUIDANCE, clip_range=1e-4, adv_clip_max=5.0, beta=0.0,
               micro_batches=1, reference="adapters_off")
-  return decoder_step.DecoderSpec(**{**base, **kw})
+  return decoder_policy.DecoderSpec(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -58,24 +58,25 @@ def setup():
                                          sigmas, GUIDANCE, size, crop, None, decode.SdeWindow(NOISE, SIZE),
                                          jax.random.split(jax.random.key(4), B), START)
   batch_first = lambda x: jnp.swapaxes(x, 0, 1)
-  rollout = decoder_step.DecoderRollout(
+  rollout = decoder_policy.DecoderRollout(
       cond=cond, target_size=size, crop=crop, latents_before=batch_first(traj.latents_before),
       latents_after=batch_first(traj.latents_after), sampler_logp=batch_first(traj.sampler_logp),
       old_logp=jnp.full((B, SIZE), jnp.nan), advantages=jnp.array([1.5, -0.5, -1.0, 8.0]),
       mask=jnp.array([[1.0] * SIZE, [1.0] * SIZE, [0.0] * SIZE, [1.0] * SIZE]))
-  window = decoder_step.Window.at(timesteps, sigmas, START, SIZE)
+  window = decoder_policy.Window.at(timesteps, sigmas, START, SIZE)
   return graphdef, adapters, base, rollout, window
 
 
 def accumulate(setup, first=True, **kw):
   graphdef, adapters, base, rollout, window = setup
-  return decoder_step.accumulate_gradients(graphdef, adapters, base, rollout, window, None, first, spec=spec(**kw))
+  return decoder_policy.accumulate_gradients(graphdef, adapters, base, rollout, window, None, first, spec=spec(**kw))
 
 
 def test_first_update_ratio_is_exactly_one_and_logprobs_are_the_samplers(setup):
   graphdef, adapters, base, rollout, window = setup
   tx = optax.adam(1e-3)
-  new, _, metrics, old = decoder_step.update(graphdef, adapters, base, tx.init(adapters), decoder_step.DecoderBatch(rollout, window), None, True,
+  batch = decoder_policy.DecoderBatch(rollout, window)
+  new, _, metrics, old = decoder_policy.update(graphdef, adapters, base, tx.init(adapters), batch, None, True,
                                              spec=spec(), tx=tx, schedule=lambda _: 1e-3)
   assert float(metrics["ratio/min"]) == float(metrics["ratio/max"]) == 1.0
   assert float(metrics["skipped"]) == 0.0
@@ -83,7 +84,7 @@ def test_first_update_ratio_is_exactly_one_and_logprobs_are_the_samplers(setup):
   np.testing.assert_allclose(np.asarray(old), np.asarray(rollout.sampler_logp), rtol=1e-5, atol=1e-5)
   # Each trained step individually: exp(logp - stop_gradient(logp)) == 1 bitwise.
   for w in range(SIZE):
-    logp, _, _ = decoder_step.step_logprob(graphdef, adapters, base, rollout, window, w, spec())
+    logp, _, _ = decoder_policy.step_logprob(graphdef, adapters, base, rollout, window, w, spec())
     assert np.all(np.exp(np.asarray(logp) - np.asarray(logp)) == 1.0)
   assert any(np.any(np.asarray(a) != np.asarray(b)) for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(adapters)))
 
@@ -148,7 +149,7 @@ def test_kl_is_against_the_adapters_off_dit(setup):
   for w in range(SIZE):
     mus = []
     for p in (adapters, zero_b):
-      mu, std = decoder_step.step_mean(graphdef, p, base, rollout, window, w, spec())
+      mu, std = decoder_policy.step_mean(graphdef, p, base, rollout, window, w, spec())
       mus.append(np.asarray(mu, np.float64))
     per = np.mean((mus[0] - mus[1]) ** 2, axis=(1, 2, 3)) / (2 * float(std) ** 2)
     want += float(np.sum(per * np.asarray(rollout.mask[:, w])))

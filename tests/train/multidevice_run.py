@@ -41,9 +41,10 @@ def state_layout(trainer) -> dict:
     return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device.id == 0)
 
   want = optimizer.state_shardings(trainer.states["ar"].opt_state, trainer.states["ar"].trainable, trainer.run.mesh)
-  wrong = [str(x.sharding.spec) for x, w in zip(jax.tree.leaves(trainer.states["ar"].opt_state), jax.tree.leaves(want))
+  ar = trainer.states["ar"]
+  wrong = [str(x.sharding.spec) for x, w in zip(jax.tree.leaves(ar.opt_state), jax.tree.leaves(want))
            if not x.sharding.is_equivalent_to(w, x.ndim)]
-  return {"params_dev0": dev0_bytes(trainer.states["ar"].trainable), "opt_state_dev0": dev0_bytes(trainer.states["ar"].opt_state),
+  return {"params_dev0": dev0_bytes(ar.trainable), "opt_state_dev0": dev0_bytes(ar.opt_state),
           "opt_leaves_not_like_params": wrong}
 
 

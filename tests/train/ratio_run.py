@@ -26,13 +26,13 @@ def main():
 
   from glmrl.models import glm_image
   from glmrl.train import loop, setup
-  from glmrl.policy import ar as step_lib
+  from glmrl.policy import ar as ar_policy
 
   # 2 prompts x 8 samples: micro-batches of 16, 8 and 4 rows, each divisible over data x fsdp = 4.
   config = tiny_config(mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor, grpo__group_size=8)
   trainer = loop.Trainer(config, args.workdir)
-  run = trainer.run
-  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(5), {"ar": trainer.states["ar"].trainable})
+  run, ar = trainer.run, trainer.states["ar"]
+  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(5), {"ar": ar.trainable})
   rollout, shape = collected.batches["ar"], collected.update_shapes["ar"]
   copy = lambda tree: jax.tree.map(jnp.copy, tree)
   ratios, gaps = {}, {}
@@ -40,14 +40,14 @@ def main():
     # The same parameters under a graph that computes in `dtype` (the compute dtype is the graph's, not the state's).
     ar_cfg = dataclasses.replace(run.pipeline.configs.ar, dtype=glm_image.DTYPES[dtype])
     graphdef, abstract = glm_image.abstract_model("ar", ar_cfg)
-    graphdef = nnx.split(nnx.merge(graphdef, abstract), step_lib.TRAINABLE, ...)[0]
+    graphdef = nnx.split(nnx.merge(graphdef, abstract), ar_policy.TRAINABLE, ...)[0]
     # On 8 devices the whole batch and the smallest micro-batches (4 rows, one per data x fsdp device); the
     # 1-device run covers 2 as well (each is a fresh compilation on 8 devices, see above).
     for micro in (1, 2, 4) if args.devices == 1 else (1, 4):
-      spec = dataclasses.replace(step_lib.update_spec(run.config, *shape), micro_batches=micro)
+      spec = dataclasses.replace(ar_policy.update_spec(run.config, *shape), micro_batches=micro)
       # Compiled as the trainer compiles it (donating copies of the state).
-      fn = dataclasses.replace(trainer.states["ar"], graphdef=graphdef).jit_update(step_lib.update, spec)
-      _, _, m, (old_logp, _) = fn(copy(trainer.states["ar"].trainable), run.states["ar"].frozen, copy(trainer.states["ar"].opt_state), rollout, None, True)
+      fn = dataclasses.replace(ar, graphdef=graphdef).jit_update(ar_policy.update, spec)
+      _, _, m, (old_logp, _) = fn(copy(ar.trainable), ar.frozen, copy(ar.opt_state), rollout, None, True)
       ratios[f"{dtype}/{micro}"] = [float(m["ratio/min"]), float(m["ratio/max"])]
       gaps[f"{dtype}/{micro}"] = float(jnp.max(jnp.abs(old_logp - rollout.sampler_logp)))
   trainer.close()

@@ -12,7 +12,7 @@ from flax import nnx
 from glmrl import config_checks
 from glmrl.models import glm_image
 from glmrl.models.ar.prompt import GenerationLayout
-from glmrl.policy import ar as step_lib
+from glmrl.policy import ar as ar_policy
 from glmrl.policy import optimizer
 from glmrl.policy.ar import TRAINABLE
 from glmrl.policy.state import num_params
@@ -93,16 +93,16 @@ def test_full_size_train_state_shapes():
   n, prompt_len, batch = layout.num_new_tokens, c.data.max_prompt_tokens, c.train.micro_batch_size
   assert (layout.target_hw, n) == ((32, 32), 32 * 32 + 16 * 16 + 1)
   sds = jax.ShapeDtypeStruct
-  rollout = step_lib.Rollout(
+  rollout = ar_policy.Rollout(
       sequence_ids=sds((batch, prompt_len + n), jnp.int32), positions=sds((3, batch, prompt_len + n), jnp.int32),
       valid=sds((batch, prompt_len + n), bool), sampler_logp=sds((batch, n), jnp.float32),
       old_logp=sds((batch, n), jnp.float32),
       advantages=sds((batch,), jnp.float32), mask=sds((batch, n), jnp.float32))
-  spec = step_lib.UpdateSpec(prompt_len=prompt_len, layout=layout, sampling=sampling_config(c),
+  spec = ar_policy.UpdateSpec(prompt_len=prompt_len, layout=layout, sampling=sampling_config(c),
                              micro_batches=1, epsilon_low=0.2, epsilon_high=0.28, beta=0.0, kl="k3",
                              aggregation="seq_mean_token_mean", remat=True)
   new_params, new_opt, metrics, (old_logp, _) = jax.eval_shape(
-      lambda p, f, o, r: step_lib.update(graphdef, p, f, o, r, None, True, spec=spec, tx=tx, schedule=schedule),
+      lambda p, f, o, r: ar_policy.update(graphdef, p, f, o, r, None, True, spec=spec, tx=tx, schedule=schedule),
       trainable, frozen, opt_state, rollout)
   assert old_logp.shape == (batch, n) and old_logp.dtype == jnp.float32
   assert jax.tree.map(lambda a: (a.shape, a.dtype), new_params) == jax.tree.map(lambda a: (a.shape, a.dtype),

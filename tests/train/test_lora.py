@@ -13,7 +13,7 @@ from glmrl.checkpoint import CheckpointError
 from glmrl.checkpoint import params as params_lib
 from glmrl.models import lora
 from glmrl.train import loop
-from glmrl.policy import ar as step_lib
+from glmrl.policy import ar as ar_policy
 from tests.train.common import tiny_config
 
 
@@ -53,19 +53,19 @@ def test_kl_reference_is_the_base_model_exactly(trained):
   """The update's reference log-probs (adapters off, same program) equal those of the model built
   without adapters from the same base weights, bit for bit."""
   trainer, *_ = trained
-  run = trainer.run
-  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(11), {"ar": trainer.states["ar"].trainable})
+  run, ar = trainer.run, trainer.states["ar"]
+  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(11), {"ar": ar.trainable})
   copy = lambda tree: jax.tree.map(jnp.copy, tree)
   update = trainer.update_fn("ar", collected.update_shapes["ar"])
-  _, _, _, (_, ref_logp) = update(copy(trainer.states["ar"].trainable), run.states["ar"].frozen, copy(trainer.states["ar"].opt_state), collected.batches["ar"],
-                                  None, True)
-  spec = step_lib.update_spec(run.config, *collected.update_shapes["ar"])
+  batch = collected.batches["ar"]
+  _, _, _, (_, ref_logp) = update(copy(ar.trainable), ar.frozen, copy(ar.opt_state), batch, None, True)
+  spec = ar_policy.update_spec(run.config, *collected.update_shapes["ar"])
   plain = loop.setup_lib.build(tiny_config(grpo__beta=0.05, model__remat=True))  # same seed: the same base
   base_graphdef, base_trainable, base_frozen = nnx.split(
-      nnx.merge(plain.states["ar"].graphdef, plain.states["ar"].trainable, plain.states["ar"].frozen), step_lib.TRAINABLE, ...)
+      nnx.merge(plain.states["ar"].graphdef, *plain.states["ar"].model_params()), ar_policy.TRAINABLE, ...)
   assert all(np.array_equal(v, flat(run.states["ar"].frozen)[k]) for k, v in flat(nnx.merge_state(
       base_trainable, base_frozen)).items())
-  want = jax.jit(step_lib.rollout_logprobs, static_argnums=(0, 4))(
+  want = jax.jit(ar_policy.rollout_logprobs, static_argnums=(0, 4))(
       base_graphdef, base_trainable, base_frozen, collected.batches["ar"], spec)
   np.testing.assert_array_equal(np.asarray(ref_logp), np.asarray(want))
 

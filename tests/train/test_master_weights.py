@@ -11,7 +11,7 @@ import pytest
 
 from glmrl.train import loop
 from glmrl.policy import optimizer as optimizer_lib
-from glmrl.policy import ar as step_lib
+from glmrl.policy import ar as ar_policy
 from tests.train.common import tiny_config
 
 UPDATES = 50
@@ -25,9 +25,10 @@ def setup(tmp_path_factory):
   config = tiny_config(optim__learning_rate=LEARNING_RATE, optim__warmup_steps=0, train__num_steps=100_000)
   trainer = loop.Trainer(config, str(tmp_path_factory.mktemp("master")))
   run = trainer.run
-  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(3), {"ar": trainer.states["ar"].trainable})
+  collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(3),
+                                       {"ar": trainer.states["ar"].trainable})
   rollout, shape = collected.batches["ar"], collected.update_shapes["ar"]
-  yield trainer, rollout, step_lib.update_spec(run.config, *shape)
+  yield trainer, rollout, ar_policy.update_spec(run.config, *shape)
   trainer.close()
 
 
@@ -50,10 +51,10 @@ def test_bfloat16_updates_follow_the_float32_run(setup):
   bfloat16, the optimizer's float32 master copy with the float32 run itself.
   """
   trainer, rollout, spec = setup
-  run = trainer.run
-  fn = jax.jit(lambda p, o: step_lib.update(run.states["ar"].graphdef, p, run.states["ar"].frozen, o, rollout, None, True, spec=spec,
-                                            tx=trainer.states["ar"].tx, schedule=trainer.states["ar"].schedule)[:3])
-  start16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), trainer.states["ar"].trainable)
+  ar = trainer.states["ar"]
+  fn = jax.jit(lambda p, o: ar_policy.update(ar.graphdef, p, ar.frozen, o, rollout, None, True, spec=spec, tx=ar.tx,
+                                            schedule=ar.schedule)[:3])
+  start16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), ar.trainable)
   start32 = jax.tree.map(lambda x: x.astype(jnp.float32), start16)
   ends = {}
   for name, start in (("f32", start32), ("bf16", start16)):
@@ -83,11 +84,10 @@ def test_gradients_accumulate_in_float32(setup):
   micro-batches masked out, whose gradients are then exactly zero). A bfloat16 running sum would be
   off by its rounding, ~2^-9 relative."""
   trainer, rollout, spec = setup
-  run = trainer.run
+  ar = trainer.states["ar"]
   spec = dataclasses.replace(spec, micro_batches=4)
-  params16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), trainer.states["ar"].trainable)
-  fn = jax.jit(lambda p, r: step_lib.accumulate_gradients(run.states["ar"].graphdef, p, run.states["ar"].frozen, r, None, True,
-                                                          spec=spec)[0])
+  params16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), ar.trainable)
+  fn = jax.jit(lambda p, r: ar_policy.accumulate_gradients(ar.graphdef, p, ar.frozen, r, None, True, spec=spec)[0])
   total = fn(params16, rollout)
   assert {x.dtype for x in jax.tree.leaves(total)} == {np.dtype("float32")}
   parts = []
@@ -119,8 +119,9 @@ def test_bfloat16_run_resumes_with_its_master_weights(tmp_path):
                                                                jax.tree.leaves(saved_params)))
   resumed = loop.Trainer(config, str(tmp_path))
   try:
-    assert resumed.step_index == 1 and isinstance(resumed.states["ar"].opt_state, optimizer_lib.MasterWeights)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), saved_master, resumed.states["ar"].opt_state.params)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), saved_params, resumed.states["ar"].trainable)
+    ar = resumed.states["ar"]
+    assert resumed.step_index == 1 and isinstance(ar.opt_state, optimizer_lib.MasterWeights)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), saved_master, ar.opt_state.params)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), saved_params, ar.trainable)
   finally:
     resumed.close()
