@@ -16,7 +16,6 @@ gradient of the mean over every (sample, timestep) of the rollout.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -344,12 +344,12 @@ class GlmImagePipeline:
     `conditioning`: `self.conditioning(prepared, target_Bxhxw, group_size)` when the caller already has it.
     The batch is decoded in chunks of `spec.decode_batch` samples by one compiled program (the
     attention of a 1024^2 DiT step over a whole rollout would not fit); rows do not interact, so the
-    result is the whole batch's. Each chunk is re-spread over the mesh's batch axes. The chunk size was
-    checked against the batch when the run was built (`setup.check_batch`).
+    result is the whole batch's. Each chunk is re-spread over the mesh's batch axes.
     """
     cond = conditioning or self.conditioning(prepared, target_Bxhxw, group_size)
     b = target_Bxhxw.shape[0]
     chunk = self.spec.decode_batch or b
+    check_decode_batch(chunk, b, group_size)  # a run checks its batches before building models (`setup`)
     dit_def = self.models["dit"][0]
     dit_params = self.dit_params(dit_params)
     vae_def, vae_params = self.models["vae"]

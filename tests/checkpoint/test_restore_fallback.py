@@ -106,8 +106,6 @@ def test_no_step_restores(trained, tmp_path):
 
 def test_generate_reads_the_newest_step_that_restores_and_changes_nothing(trained, tmp_path, caplog):
   """--mode=generate's parameter restore: falls back too, read-only (nothing is moved)."""
-  from flax import nnx
-
   from glmrl.checkpoint import manager as checkpoint_manager
   from glmrl.train import setup
 

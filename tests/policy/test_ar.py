@@ -5,6 +5,7 @@ import glmrl  # noqa: F401
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -114,3 +115,16 @@ def test_micro_batches_are_strided_and_merge_back():
     np.testing.assert_array_equal(micro.positions[i], np.stack([ids, ids + 100, ids + 200])[:, i::m])
     np.testing.assert_array_equal(micro.advantages[i], np.arange(b)[i::m])
   np.testing.assert_array_equal(accumulate.merge_micro(micro.old_logp), ids)
+
+
+def test_logprob_metrics_leave_the_forced_end_token_out_of_the_entropy():
+  rng = np.random.default_rng(0)
+  old = rng.uniform(-6.0, -0.1, (3, 5)).astype(np.float32)
+  old[:, -1] = 0.0  # the end token, forced by the rule: log-prob 0
+  sampler = old + rng.normal(0, 0.01, old.shape).astype(np.float32)
+  forced = ar_policy.logprob_metrics(jnp.asarray(sampler), jnp.asarray(old), forced_end=True)
+  free = ar_policy.logprob_metrics(jnp.asarray(sampler), jnp.asarray(old), forced_end=False)
+  np.testing.assert_allclose(forced["policy/entropy"], -old[:, :-1].astype(np.float64).mean(), rtol=1e-6)
+  np.testing.assert_allclose(free["policy/entropy"], -old.astype(np.float64).mean(), rtol=1e-6)
+  np.testing.assert_allclose(forced["logprob/sampler_vs_recomputed_max_abs"],
+                             np.abs(sampler.astype(np.float64) - old).max(), rtol=1e-6)

@@ -25,8 +25,8 @@ def main():
     jax.config.update("jax_enable_compilation_cache", False)
 
   from glmrl.models import glm_image
-  from glmrl.train import loop, setup
   from glmrl.policy import ar as ar_policy
+  from glmrl.train import loop
 
   # 2 prompts x 8 samples: micro-batches of 16, 8 and 4 rows, each divisible over data x fsdp = 4.
   config = tiny_config(mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor, grpo__group_size=8)

@@ -36,16 +36,3 @@ def test_near_constant_group_gets_zero_advantages_and_is_dropped(given_reward, n
   np.testing.assert_allclose(advantages, reference.advantages(np.asarray(total), 4), rtol=1e-5, atol=1e-6)
   assert np.all(np.asarray(advantages)[:4] == 0.0) and zero_var == 0.5
   np.testing.assert_array_equal(keep_B, [0.0] * 4 + [1.0] * 4 if drop else [1.0] * 8)
-
-
-def test_logprob_metrics_leave_the_forced_end_token_out_of_the_entropy():
-  rng = np.random.default_rng(0)
-  old = rng.uniform(-6.0, -0.1, (3, 5)).astype(np.float32)
-  old[:, -1] = 0.0  # the end token, forced by the rule: log-prob 0
-  sampler = old + rng.normal(0, 0.01, old.shape).astype(np.float32)
-  forced = rollout_lib.logprob_metrics(jnp.asarray(sampler), jnp.asarray(old), forced_end=True)
-  free = rollout_lib.logprob_metrics(jnp.asarray(sampler), jnp.asarray(old), forced_end=False)
-  np.testing.assert_allclose(forced["policy/entropy"], -old[:, :-1].astype(np.float64).mean(), rtol=1e-6)
-  np.testing.assert_allclose(free["policy/entropy"], -old.astype(np.float64).mean(), rtol=1e-6)
-  np.testing.assert_allclose(forced["logprob/sampler_vs_recomputed_max_abs"],
-                             np.abs(sampler.astype(np.float64) - old).max(), rtol=1e-6)
