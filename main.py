@@ -15,6 +15,7 @@ saves a checkpoint first and exits 143 or 130.
 
 import importlib
 import os
+import re
 import signal
 import sys
 
@@ -26,11 +27,9 @@ import glmrl  # noqa: F401  (library-wide settings)
 from glmrl import config_checks
 from glmrl import distributed
 from glmrl.errors import UserError
+from glmrl.logging import quiet_library_logs
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "demo.py")
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG, "Experiment config file, path[:arg]; override keys with --config.section.key=value "
-    "(all keys: configs/common.py).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and samples.", required=True)
 _MODE = flags.DEFINE_enum("mode", "train", config_checks.MODES, "What to run (see the top of this help).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-process runs: HOST:PORT of process 0 "
@@ -47,17 +46,75 @@ _MODES = {
 }
 
 
+def _fail(message: str):
+  print(f"error: {message}", file=sys.stderr)
+  raise SystemExit(2)
+
+
+def _config_path(argv) -> str | None:
+  """The --config file named on the command line (without its :arg), or None for the default."""
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      value = a.split("=", 1)[1]
+    elif a == "--config" and i + 1 < len(argv):
+      value = argv[i + 1]
+    else:
+      continue
+    return value.split(":", 1)[0]
+  return None
+
+
+def _root_cause(error: BaseException) -> BaseException:
+  """The innermost exception of a chain (config_flags wraps a config file's own error twice)."""
+  seen = {id(error)}
+  while True:
+    nxt = error.__cause__ or error.__context__
+    if nxt is None or id(nxt) in seen:
+      return error
+    seen.add(id(nxt))
+    error = nxt
+
+
+def _unknown_key_message(error: BaseException, argv) -> str:
+  """One line for a --config.<key> the config lacks, with ml_collections' "did you mean" when it has one."""
+  if isinstance(error, IndexError):
+    indexed = [a.split("=")[0] for a in argv if a.startswith("--config.") and "[" in a.split("=")[0]]
+    return f"{' '.join(indexed) or ' '.join(argv[1:])}: no such entry in the config's list ({error})"
+  text = error
+  while isinstance(text, BaseException):  # AttributeError(KeyError(message))
+    text = text.args[0] if text.args else str(text)
+  text = str(text)
+  match = re.match(r"'([^']+)'(?:\nDid you mean \"([^\"]+)\")?", text)
+  missing, suggestion = (match.group(1), match.group(2)) if match else (text, None)
+  if "config_config" in text:  # what config_flags looks up when the file has no get_config
+    return f"{_config_path(argv) or _DEFAULT_CONFIG}: defines no get_config(arg) function"
+  bad = [a for a in argv if a.startswith("--config.") and f".{missing}" in a.split("=")[0]]
+  hint = f"did you mean {suggestion!r}?" if suggestion else "all keys: configs/common.py"
+  return f"unknown config key {missing!r} in {' '.join(bad) or ' '.join(argv[1:])}: the config defines no such key ({hint})"
+
+
 def _parse_flags(argv):
-  """absl's parser, with unknown config keys reported by their full override."""
+  """absl's parser, with every mistake in the command line reported in one line."""
+  path = _config_path(argv)
+  if path is not None and not os.path.isfile(path):
+    _fail(f"--config={path}: no such file" + (" (a folder)" if os.path.isdir(path) else ""))
   try:
-    return flags.FLAGS(argv)
-  except (AttributeError, KeyError) as e:
-    missing = str(e).split("'")[1] if "'" in str(e) else str(e)
-    bad = [a for a in argv if a.startswith("--config.") and f".{missing}" in a.split("=")[0]]
-    _fail(f"unknown config key {missing!r} in {' '.join(bad) or argv}: the config file defines no such key "
-          "(all keys: configs/common.py)")
+    parsed = flags.FLAGS(argv)
+    _CONFIG.value  # pylint: disable=pointless-statement  # loads the file: its errors surface here
+    return parsed
+  except SyntaxError as e:
+    _fail(f"{e.filename}:{e.lineno}: {e.msg} (a syntax error in the config file)")
+  except (AttributeError, KeyError, IndexError) as e:
+    _fail(_unknown_key_message(e, argv))
   except flags.Error as e:
-    _fail(str(e))
+    root = _root_cause(e)
+    if root is not e and "Error whilst parsing config file" in str(e):  # the config file's own error
+      if isinstance(root, SyntaxError):
+        _fail(f"{root.filename}:{root.lineno}: {root.msg} (a syntax error in the config file)")
+      if "config_config" in str(root):
+        _fail(_unknown_key_message(root, argv))
+      _fail(f"--config={path or _DEFAULT_CONFIG}: {root}")
+    _fail(str(e).splitlines()[0])
   except SystemExit as e:
     # absl prints --help and exits 1; asking for help is not a failure.
     if any(a in ("--help", "-h", "-?", "--helpshort", "--helpfull") for a in argv[1:]):
@@ -65,15 +122,33 @@ def _parse_flags(argv):
     raise e
 
 
-def _fail(message: str):
-  print(f"error: {message}", file=sys.stderr)
-  raise SystemExit(2)
+try:  # the default config applies the command line's overrides while it is defined
+  _CONFIG = config_flags.DEFINE_config_file(
+      "config", _DEFAULT_CONFIG, "Experiment config file, path[:arg]; override keys with --config.section.key=value "
+      "(all keys: configs/common.py).", lock_config=True)
+except (AttributeError, KeyError, IndexError) as _e:
+  _fail(_unknown_key_message(_e, sys.argv))
+
+
+def _check_workdir(workdir: str) -> None:
+  """The workdir must name a folder that is or can be created (before any model is built)."""
+  if not workdir:
+    _fail("--workdir is empty: pass the folder to write checkpoints, logs and samples into")
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    _fail(f"--workdir={workdir}: is a file, not a folder")
+  parent = os.path.dirname(os.path.abspath(workdir))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent) or not os.access(parent if not os.path.isdir(workdir) else workdir, os.W_OK):
+    _fail(f"--workdir={workdir}: not writable")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   module_name, fn_name = _MODES[_MODE.value].split(":")
+  _check_workdir(_WORKDIR.value)
+  quiet_library_logs()
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     config_checks.validate(_CONFIG.value, _MODE.value)

@@ -22,7 +22,7 @@ def base_config() -> ml_collections.ConfigDict:
   # frozen (KL reference = adapters off). Update scale alpha / rank (PEFT's convention; flax's nnx.LoRA has none).
   c.lora = ml_collections.ConfigDict()
   c.lora.rank = 0  # Adapter rank; 0 = full fine-tuning of the decoder.
-  c.lora.alpha = 0.0  # Update scale numerator (scale = alpha / rank); must be > 0 with rank > 0.
+  c.lora.alpha = 0.0  # Update scale numerator (scale = alpha / rank); 0 = unset: alpha = rank (scale 1).
   c.lora.targets = "ar"  # Adapted linear layers: preset "ar" (decoder q/k/v/o, gate_up, down) or a regex over paths.
 
   c.data = ml_collections.ConfigDict()

@@ -9,7 +9,8 @@ from configs import common
 
 
 def get_config(arg=None):
-  del arg
+  if arg:
+    raise ValueError(f"unknown config argument {arg!r}; this config takes none")
   c = common.base_config()
   c.model.preset = "tiny"
   c.data.prompts_file = os.path.join(os.path.dirname(__file__), "data", "demo_prompts.txt")

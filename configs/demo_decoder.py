@@ -8,7 +8,8 @@ from configs import demo
 
 
 def get_config(arg=None):
-  del arg
+  if arg:
+    raise ValueError(f"unknown config argument {arg!r}; this config takes none")
   c = demo.get_config()
   c.train.policies = "decoder"
   c.train.num_steps = 30

@@ -245,11 +245,6 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
       rule.check(f"config.{key}", values[key])
   _check_rewards(cfg.get("rewards"), need_kwargs=mode != "compile")
 
-  for prefix in ("", "decoder."):
-    if values[f"{prefix}lora.rank"]:
-      _check(values[f"{prefix}lora.alpha"] > 0, f"config.{prefix}lora.alpha", values[f"{prefix}lora.alpha"],
-             f"must be > 0 with config.{prefix}lora.rank={values[f'{prefix}lora.rank']} (the update is scaled by "
-             "alpha / rank)")
   if "decoder" in values["train.policies"]:
     _check_decoder(cfg, values, need_kwargs=mode != "compile")
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -39,13 +40,42 @@ def assert_one_line_error(result, message):
     ("--config.rewards[0].name=brightnes", "config.rewards[0].name='brightnes': no such reward"),
     ("--mode=eval", "--mode=eval needs held-out prompts: pass --config.eval.prompts_file=..."),
     ("--config.mesh.fsdp=3", "config.mesh: mesh data=1 x fsdp=3 x tensor=1 != 1 devices"),
-    ("--config.lora.rank=4", "config.lora.alpha=0.0: must be > 0 with config.lora.rank=4"),
+    ("--config.lora.alpha=-1", "config.lora.alpha=-1.0: must be >= 0"),
     ("--config.lora.targets=q_proj(", "config.lora.targets='q_proj(': must be a preset ['ar', 'dit'] or a valid regex"),
+    ("--config.optm.learning_rate=1e-4", "unknown config key 'optm' in --config.optm.learning_rate=1e-4: the config "
+                                         "defines no such key (did you mean 'optim'?)"),
+    ("--config.grpo.group_sise=4", "(did you mean 'group_size'?)"),
+    ("--config.rewards[1].weight=1.0", "--config.rewards[1].weight: no such entry in the config's list"),
 ])
 def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_path):
   result = run_main("--config=configs/demo.py", override, tmp_path=tmp_path)
   assert_one_line_error(result, message)
   assert not os.listdir(tmp_path)  # nothing was started
+
+
+@pytest.mark.parametrize("config_text,arg,message", [
+    (None, "--config=configs/nosuch.py", "--config=configs/nosuch.py: no such file"),
+    (None, "--config=configs", "--config=configs: no such file (a folder)"),
+    (None, "--config=configs/demo.py:foo", "unknown config argument 'foo'; this config takes none"),
+    ("def get_config(:\n", "", ":1: invalid syntax (a syntax error in the config file)"),
+    ("x = 1\n", "", ": defines no get_config(arg) function"),
+])
+def test_bad_config_file_fails_in_one_line(config_text, arg, message, tmp_path):
+  if config_text is not None:
+    (tmp_path / "my_config.py").write_text(config_text)
+    arg = f"--config={tmp_path / 'my_config.py'}"
+  work = tmp_path / "work"
+  assert_one_line_error(run_main(arg, tmp_path=work), message)
+  assert not work.exists()
+
+
+@pytest.mark.parametrize("workdir,message", [
+    ("", "--workdir is empty"), ("a_file", "a_file: is a file, not a folder")])
+def test_bad_workdir_fails_in_one_line(workdir, message, tmp_path):
+  (tmp_path / "a_file").write_text("")
+  result = run_main(f"--workdir={workdir and tmp_path / workdir}", tmp_path=tmp_path / "unused")
+  assert_one_line_error(result, message)
+  assert os.listdir(tmp_path) == ["a_file"]
 
 
 def test_bad_prompt_file_names_file_and_line(tmp_path):
@@ -93,11 +123,31 @@ def _rows(workdir):
   return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+def test_a_workdir_in_use_by_another_run_is_refused(tmp_path):
+  holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+  try:
+    (tmp_path / "lock.json").write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid,
+                                                    "started": "2026-11-24 08:00:00"}))
+    result = run_main("--config=configs/demo.py", tmp_path=tmp_path)
+  finally:
+    holder.kill()
+    holder.wait()
+  assert_one_line_error(result, f"is in use by another training run (host {socket.gethostname()}, pid {holder.pid}")
+  assert os.listdir(tmp_path) == ["lock.json"]
+
+
 def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_path):
   """The README's first command (fewer steps), rerun, then extended: as a user would drive it."""
   args = ("--config=configs/demo.py", "--config.checkpoint.save_interval=2", "--config.log.image_interval=2")
+  # A lock left by a run that was killed (a process of this host that has ended) is taken over.
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  (tmp_path / "lock.json").write_text(json.dumps({"host": socket.gethostname(), "pid": int(gone.stdout),
+                                                  "started": "2026-11-24 08:00:00"}))
   first = run_main(*args, "--config.train.num_steps=3", tmp_path=tmp_path, timeout=600)
   assert first.returncode == 0, first.stderr[-3000:]
+  assert "taking over" in first.stderr and not (tmp_path / "lock.json").exists()
+  assert json.loads((tmp_path / "config.json").read_text())["train"]["num_steps"] == 3
+  assert f"config in {tmp_path / 'config.json'}" in first.stderr
   assert "step 3/3 |" in first.stderr and "ETA" in first.stderr and "reward" in first.stderr
   assert "done: 3 steps in" in first.stderr and str(tmp_path / "checkpoints") in first.stderr
   assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import sys
 import time
 from typing import Mapping
 
@@ -21,6 +22,14 @@ SHOWN = (
 
 
 POLICY_PREFIXES = ("", "ar/", "decoder/")
+
+
+def console(line: str) -> None:
+  """A line for the person watching (stderr, process 0 alone), without the log prefix of absl's records."""
+  import jax
+
+  if not jax.process_index():
+    print(line, file=sys.stderr, flush=True)
 
 
 def _clock(seconds: float) -> str:
@@ -41,10 +50,10 @@ class Progress:
     now = self._now()
     elapsed = now - self._t0
     done = step - self.start_step
-    # The first step of a process includes compilation: the ETA uses the later ones once there are any.
+    # The first step of a process includes compilation: the ETA comes from the steps after it.
     if done == 1:
       self._t1 = now
-      eta = elapsed * (self.num_steps - step)
+      eta = None
     else:
       eta = (now - self._t1) / (done - 1) * (self.num_steps - step)
     # A run's first policy ("" for an AR-only run, else "ar/" or "decoder/") is the one shown.
@@ -53,7 +62,7 @@ class Progress:
     if reward is not None and math.isfinite(reward):
       self.first_reward = reward if self.first_reward is None else self.first_reward
       self.last_reward = reward
-    parts = [f"step {step}/{self.num_steps}", f"{_clock(elapsed)} elapsed, ETA {_clock(eta)}"]
+    parts = [f"step {step}/{self.num_steps}", f"{_clock(elapsed)} elapsed, ETA {'--' if eta is None else _clock(eta)}"]
     for key, label, fmt in SHOWN:
       value = scalars.get(prefix + key)
       if value is not None and math.isfinite(value):

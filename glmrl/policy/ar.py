@@ -25,7 +25,7 @@ from glmrl.checkpoint.manager import LORA_FILE
 from glmrl.models import lora as lora_lib
 from glmrl.models.ar.prompt import GenerationLayout
 from glmrl.policy import accumulate
-from glmrl.policy.base import Request, Settings
+from glmrl.policy.base import Request, Settings, lora_alpha
 from glmrl.sampling.logprobs import SamplingConfig, sampling_config, teacher_forced_logprobs
 
 # The AR model's parts that full fine-tuning trains; the vision encoder and VQ stay frozen.
@@ -202,7 +202,7 @@ class ArPolicy:
 
   def settings(self, config) -> Settings:
     return Settings(group_size=config.grpo.group_size,
-                    lora=lora_lib.LoraConfig(rank=config.lora.rank, alpha=float(config.lora.alpha),
+                    lora=lora_lib.LoraConfig(rank=config.lora.rank, alpha=lora_alpha(config.lora),
                                              targets=lora_lib.target_patterns(config.lora.targets)),
                     optim=config.optim, num_iterations=config.grpo.num_iterations, beta=float(config.grpo.beta),
                     micro_batch_size=config.train.micro_batch_size)

@@ -25,6 +25,11 @@ class Settings:
   micro_batch_size: int    # rows per micro-batch of its update (0: the whole batch)
 
 
+def lora_alpha(section) -> float:
+  """A LoRA config section's alpha: as given, or unset (0) the rank (scale alpha / rank = 1)."""
+  return float(section.alpha) or float(section.rank)
+
+
 @dataclasses.dataclass(frozen=True)
 class Request:
   """The rollout a policy asks for: token grids per prompt, decoder samples per grid, an SDE window."""

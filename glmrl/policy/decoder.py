@@ -27,7 +27,7 @@ from glmrl.checkpoint.manager import DECODER_LORA_FILE, DECODER_OPT_STATE, DECOD
 from glmrl.grpo import flow
 from glmrl.models import lora as lora_lib
 from glmrl.policy import accumulate
-from glmrl.policy.base import Request, Settings
+from glmrl.policy.base import Request, Settings, lora_alpha
 from glmrl.sampling import decode
 
 
@@ -189,7 +189,7 @@ class DecoderPolicy:
   def settings(self, config) -> Settings:
     d = config.decoder
     return Settings(group_size=d.group_size,
-                    lora=lora_lib.LoraConfig(rank=d.lora.rank, alpha=float(d.lora.alpha),
+                    lora=lora_lib.LoraConfig(rank=d.lora.rank, alpha=lora_alpha(d.lora),
                                              targets=lora_lib.target_patterns(d.lora.targets)),
                     optim=d.optim, num_iterations=d.num_iterations, beta=float(d.beta),
                     micro_batch_size=d.micro_batch_size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -11,12 +12,16 @@ from absl import logging
 
 from glmrl import sharding as sharding_lib
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
-from glmrl.checkpoint.manager import AR_CONFIG_FILE, DIT_CONFIG_FILE, saved_steps
-from glmrl.logging import quiet_library_logs, run_writer
-from glmrl.logging.progress import Progress
+from glmrl.checkpoint.lock import WorkdirLock
+from glmrl.checkpoint.manager import AR_CONFIG_FILE, DIT_CONFIG_FILE, saved_steps, write_json_atomic
+from glmrl.logging import run_writer
+from glmrl.logging.progress import Progress, console
 from glmrl.train import evaluate as evaluate_lib
 from glmrl.train import rollout as rollout_lib
 from glmrl.train import setup as setup_lib
+
+
+CONFIG_FILE = "config.json"
 
 
 class NonFiniteError(RuntimeError):
@@ -171,14 +176,22 @@ def train(config, workdir: str) -> dict:
   Returns {"step", "last" (the last step's scalars), "stopped_by" (signal name or None)}.
   """
   os.makedirs(workdir, exist_ok=True)
-  quiet_library_logs()
   num_steps = config.train.num_steps
   saved = saved_steps(workdir)
   if saved and saved[-1] >= num_steps:
     logging.info("already complete: %s holds step %d of %d; raise --config.train.num_steps to train further",
                  os.path.join(workdir, "checkpoints"), saved[-1], num_steps)
     return {"step": saved[-1], "last": {}, "stopped_by": None}
+  with WorkdirLock(workdir):
+    return _train(config, workdir)
+
+
+def _train(config, workdir: str) -> dict:
+  num_steps = config.train.num_steps
   trainer = Trainer(config, workdir)
+  # The resolved config (defaults, file and flags), written once the inputs have passed every check.
+  config_path = os.path.join(workdir, CONFIG_FILE)
+  write_json_atomic(config_path, json.loads(config.to_json_best_effort()))
   # Rows of steps after the restored one are redone by this run: drop them, no duplicates.
   trainer.writer.drop_rows_after(trainer.step_index)
   progress = Progress(num_steps, trainer.step_index)
@@ -190,7 +203,7 @@ def train(config, workdir: str) -> dict:
                      trainer.step_index + 1, num_steps)
       while trainer.step_index < num_steps:
         last = trainer.step()
-        logging.info("%s", progress.line(trainer.step_index, last))
+        console(progress.line(trainer.step_index, last))
         trainer.save()
         if config.eval.interval and trainer.step_index % config.eval.interval == 0:
           evaluate_lib.run_eval(trainer.run, trainer.run.sampling_params(), trainer.writer, trainer.step_index)
@@ -201,5 +214,6 @@ def train(config, workdir: str) -> dict:
       trainer.save(force=True)
   finally:
     trainer.close()
-  logging.info("%s", progress.summary(trainer.step_index, trainer.checkpointer.directory, stopped_by))
+  console(f"{progress.summary(trainer.step_index, trainer.checkpointer.directory, stopped_by)}; config in "
+          f"{config_path}")
   return {"step": trainer.step_index, "last": last, "stopped_by": stopped_by}

@@ -128,3 +128,17 @@ def test_logprob_metrics_leave_the_forced_end_token_out_of_the_entropy():
   np.testing.assert_allclose(free["policy/entropy"], -old.astype(np.float64).mean(), rtol=1e-6)
   np.testing.assert_allclose(forced["logprob/sampler_vs_recomputed_max_abs"],
                              np.abs(sampler.astype(np.float64) - old).max(), rtol=1e-6)
+
+
+def test_lora_alpha_left_unset_is_the_rank():
+  """`--config.lora.rank=4` alone launches, at scale alpha / rank = 1 (the DiT's adapters alike)."""
+  from glmrl import config_checks
+  from glmrl.policy import decoder as decoder_policy
+
+  config = tiny_config(lora__rank=4)
+  config.decoder.lora.alpha = 0.0
+  config_checks.validate(config)
+  assert ar_policy.POLICY.settings(config).lora.alpha == 4.0
+  assert decoder_policy.POLICY.settings(config).lora.alpha == float(config.decoder.lora.rank)
+  config.lora.alpha = 8.0
+  assert ar_policy.POLICY.settings(config).lora.alpha == 8.0
