@@ -23,12 +23,29 @@ def line_height(font) -> int:
   return ascent + descent + 1
 
 
+def _widest_prefix(text: str, font, max_width: int) -> int:
+  """Length of the longest prefix of `text` within `max_width` pixels (at least 1), by bisection."""
+  lo, hi = 1, len(text)
+  while lo < hi:
+    mid = (lo + hi + 1) // 2
+    if font.getlength(text[:mid]) <= max_width:
+      lo = mid
+    else:
+      hi = mid - 1
+  return lo
+
+
 def wrap_text(text: str, font, max_width: int, max_lines: int) -> list[str]:
-  """Greedy word wrap to `max_width` pixels; overflow is cut and marked with '...'."""
-  words = text.split()
+  """Greedy word wrap to `max_width` pixels; overflow is cut and marked with '...'.
+
+  Linear in what is shown, whatever the caption's length: a glyph is at least a pixel wide, so no more than
+  (max_lines + 1) x max_width characters can reach the lines kept, and wrapping stops past them."""
+  text = text[:(max_lines + 1) * max(int(max_width), 1)]
   lines: list[str] = []
   current = ""
-  for word in words:
+  for word in text.split():
+    if len(lines) > max_lines:
+      break
     candidate = f"{current} {word}" if current else word
     if font.getlength(candidate) <= max_width:
       current = candidate
@@ -36,10 +53,8 @@ def wrap_text(text: str, font, max_width: int, max_lines: int) -> list[str]:
     if current:
       lines.append(current)
     current = word
-    while font.getlength(current) > max_width and len(current) > 1:  # a word wider than the tile
-      cut = len(current) - 1
-      while cut > 1 and font.getlength(current[:cut]) > max_width:
-        cut -= 1
+    while len(current) > 1 and len(lines) <= max_lines and font.getlength(current) > max_width:
+      cut = _widest_prefix(current, font, max_width)  # a word wider than the tile
       lines.append(current[:cut])
       current = current[cut:]
   if current:
