@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging as std_logging
 import os
+import shutil
 import sys
 
 import jax
@@ -45,6 +46,10 @@ _SUMMARY_CHARS = 400
 
 class CheckpointError(UserError):
   """No step of a run's checkpoints folder restores; the message names the folder and each step's error."""
+
+
+class CheckpointSaveError(UserError):
+  """A checkpoint could not be written (a full disk, a folder gone): the run stops, its older steps intact."""
 
 
 def write_json_atomic(path: str, value) -> None:
@@ -133,24 +138,53 @@ class TrainCheckpointer:
         options=ocp.CheckpointManagerOptions(
             save_interval_steps=save_interval, max_to_keep=max_to_keep, enable_async_checkpointing=True),
         item_names=(*items, "rng", "meta"))
+    _ORPHANED_READS.watch_saves(self.directory)
     for file, record in (adapters or {}).items():
       if record is not None:
         write_json_atomic(os.path.join(self.directory, file), record)
+
+  def check_space(self, items: dict) -> None:
+    """CheckpointSaveError, before any step runs, when the folder cannot hold one more checkpoint of `items`
+    (this process's share of their bytes, and 5% for metadata)."""
+    need = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(items)) / jax.process_count() * 1.05
+    free = shutil.disk_usage(self.directory).free
+    if free < need:
+      raise CheckpointSaveError(f"{self.directory}: {free / 2**20:.1f} MiB free, a checkpoint takes about "
+                                f"{need / 2**20:.1f} MiB: free space or choose another --workdir")
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def save(self, step: int, items: dict, rng_key, meta: dict, *, force: bool = False) -> bool:
     """Saves (asynchronously) `items` (name -> state) if `step` is on the interval or `force`; returns whether
-    it saved."""
-    return self.manager.save(
-        step,
-        args=ocp.args.Composite(
-            **{k: ocp.args.StandardSave(v) for k, v in items.items()},
-            # The key is the same on every process: stored as host data (written once), not a device array.
-            rng=ocp.args.StandardSave({"key_data": np.asarray(jax.random.key_data(rng_key))}),
-            meta=ocp.args.JsonSave(meta)),
-        force=force)
+    it saved. CheckpointSaveError when this or an earlier asynchronous save failed (`_surfaced`)."""
+    args = ocp.args.Composite(
+        **{k: ocp.args.StandardSave(v) for k, v in items.items()},
+        # The key is the same on every process: stored as host data (written once), not a device array.
+        rng=ocp.args.StandardSave({"key_data": np.asarray(jax.random.key_data(rng_key))}),
+        meta=ocp.args.JsonSave(meta))
+    with self._surfaced():
+      self.manager.check_for_errors()
+      return self.manager.save(step, args=args, force=force)
+
+  @contextlib.contextmanager
+  def _surfaced(self):
+    """A failed save (here or in an earlier step's background write) as one CheckpointSaveError, its partial
+    folder removed: the steps saved before stay as they were."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except  # whatever the write failed with
+      partial = [d for d in os.listdir(self.directory) if ".orbax-checkpoint-tmp" in d]
+      for d in partial:
+        shutil.rmtree(os.path.join(self.directory, d), ignore_errors=True)
+      why = describe_failure(self.directory, e)
+      if "No space left on device" in str(e):
+        why = f"no space left on device ({why[:160]}...)"
+      raise CheckpointSaveError(
+          f"saving a checkpoint into {self.directory} failed: {why}; the run "
+          f"stopped, steps {saved_steps(os.path.dirname(self.directory)) or 'none'} are intact"
+          f"{' (removed the partial ' + ', '.join(partial) + ')' if partial else ''}; free space or fix the "
+          "folder, then rerun to resume") from None
 
   def restore(self, step: int, abstract_items: dict, abstract_rng_key):
     """Restores the named items onto the shardings carried by their abstract trees; returns (items, key, meta)."""
@@ -202,11 +236,15 @@ class TrainCheckpointer:
     return dest
 
   def wait(self):
-    self.manager.wait_until_finished()
+    with self._surfaced():
+      self.manager.wait_until_finished()
+      self.manager.check_for_errors()
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
 
 
 def restore_newest(directory: str, steps, restore):
@@ -301,6 +339,7 @@ class _OrphanedReads:
   def __init__(self):
     self.current: str | None = None  # the step folder being restored
     self.failed: set[str] = set()
+    self.saving: set[str] = set()  # checkpoints folders being saved into (`TrainCheckpointer`)
     self.installed = False
 
   @contextlib.contextmanager
@@ -315,7 +354,14 @@ class _OrphanedReads:
     finally:
       self.current = None
 
+  def watch_saves(self, directory: str) -> None:
+    self._install()
+    self.saving.add(directory)
+
   def _names_step(self, text: str) -> bool:
+    # A failed background write names its step's temporary folder; the next save or close reports it in one line.
+    if ".orbax-checkpoint-tmp" in text and any(d in text for d in self.saving):
+      return True
     return any(p in text for p in (*self.failed, *([self.current] if self.current else [])))
 
   def _install(self):
@@ -327,12 +373,17 @@ class _OrphanedReads:
     def hook(unraisable):
       exc = unraisable.exc_value
       loop_closed = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
-      if not ((loop_closed and (self.current or self.failed)) or self._names_step(str(exc))):
+      if not ((loop_closed and (self.current or self.failed or self.saving)) or self._names_step(str(exc))):
         previous(unraisable)
 
     sys.unraisablehook = hook
-    std_logging.getLogger("asyncio").addFilter(
-        lambda r: not self._names_step(r.getMessage() + str(r.exc_info[1] if r.exc_info else "")))
+    about_a_step = lambda r: self._names_step(r.getMessage() + str(r.exc_info[1] if r.exc_info else ""))
+    std_logging.getLogger("asyncio").addFilter(lambda r: not about_a_step(r))
+    # Orbax logs a failed background save from each of its threads, traceback and all, before the next save or
+    # close reports it once (`TrainCheckpointer._surfaced`).
+    logging.get_absl_logger().addFilter(
+        lambda r: not ("orbax" in r.pathname and self.saving and (
+            about_a_step(r) or any(d in r.getMessage() for d in self.saving))))
 
 
 _ORPHANED_READS = _OrphanedReads()

@@ -52,6 +52,7 @@ class Trainer:
     self.nonfinite_total = 0
     self._compiled = {}
     self._restore()
+    self.checkpointer.check_space(self._saved_items())
 
   # ------------------------------------------------------------- checkpoints
   def _saved_items(self) -> dict:
