@@ -180,3 +180,15 @@ def test_demo_with_lora_adapters_learns(tmp_path):
   curve = [r["reward/mean"] for r in rows]
   assert len(curve) == 30 and all(r["first_iter/ratio/min"] == r["first_iter/ratio/max"] == 1.0 for r in rows)
   assert sum(curve[-5:]) / 5 - sum(curve[:5]) / 5 > 0.01, curve
+
+
+def test_a_run_that_cannot_learn_says_so(tmp_path):
+  """Rewards equal within every group (grpo.std_eps above their spread): zero advantages and gradients for
+  five steps in a row end in a warning each, and the streaks are metrics."""
+  result = run_main("--config=configs/demo.py", "--config.train.num_steps=5", "--config.grpo.std_eps=0.9",
+                    "--config.log.image_interval=0", tmp_path=tmp_path, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "policy no_signal: every group's rewards are equal" in result.stderr
+  assert "policy zero_grad: the gradient is exactly zero" in result.stderr
+  assert "5 steps in a row (step 5)" in result.stderr
+  assert _rows(tmp_path)[-1]["watchdog/zero_grad_steps"] == 5

@@ -19,6 +19,7 @@ from glmrl.logging.progress import Progress, console
 from glmrl.train import evaluate as evaluate_lib
 from glmrl.train import rollout as rollout_lib
 from glmrl.train import setup as setup_lib
+from glmrl.train.watchdog import Watchdog
 
 
 CONFIG_FILE = "config.json"
@@ -50,6 +51,7 @@ class Trainer:
     self.writer = run_writer(workdir)
     self.nonfinite_run = 0
     self.nonfinite_total = 0
+    self.watchdog = Watchdog(p.prefix(tuple(self.run.policies)) for p in self.run.policies.values())
     self._compiled = {}
     self._restore()
     self.checkpointer.check_space(self._saved_items())
@@ -144,6 +146,10 @@ class Trainer:
         "throughput/tokens_per_s": collected.tokens / max(timings["rollout"], 1e-9),
         "nonfinite/skipped_total": self.nonfinite_total,
     })
+    watchdog_metrics, warnings = self.watchdog.update(self.step_index, scalars)
+    scalars.update(watchdog_metrics)
+    for warning in warnings:
+      logging.warning("%s", warning)
     self.writer.write_scalars(self.step_index, scalars)
     if cfg.log.image_interval and (self.step_index % cfg.log.image_interval == 0 or self.step_index == 1):
       self.writer.write_samples(self.step_index, sharding_lib.to_host(collected.images), collected.prompts,

@@ -204,6 +204,9 @@ def build(config, *, train: bool = False) -> Run:
     for r in recs:
       check_glyph_fits(r.prompt, glyph_tokenizer, config.data.max_glyph_tokens, config.data.max_glyph_texts,
                        where=f"{path}:{r.line}")
+  if config.data.prompts_per_step > len(records):
+    logging.warning("config.data.prompts_per_step=%d but %s holds %d prompts: every step repeats prompts",
+                    config.data.prompts_per_step, config.data.prompts_file, len(records))
   iterator = PromptIterator(records, prompts_per_step=config.data.prompts_per_step, seed=config.seed,
                             height=config.data.height, width=config.data.width)
 
