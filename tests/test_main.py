@@ -46,6 +46,10 @@ def assert_one_line_error(result, message):
                                          "defines no such key (did you mean 'optim'?)"),
     ("--config.grpo.group_sise=4", "(did you mean 'group_size'?)"),
     ("--config.rewards[1].weight=1.0", "--config.rewards[1].weight: no such entry in the config's list"),
+    ("--config.rewards=({'name': 'remote', 'weight': 1.0, 'kwargs': {'url': 'http://127.0.0.1:1/score'}},)",
+     "reward server http://127.0.0.1:1/score: nothing answers at http://127.0.0.1:1/health"),
+    ("--config.rewards=({'name': 'remote', 'weight': 1.0, 'kwargs': {'url': 'localhost:8000/score'}},)",
+     "reward server url='localhost:8000/score' must be an http(s) URL"),
 ])
 def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_path):
   result = run_main("--config=configs/demo.py", override, tmp_path=tmp_path)

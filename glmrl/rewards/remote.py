@@ -42,6 +42,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
+from glmrl.errors import UserError
 from glmrl.rewards.registry import check_images, register_factory
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -107,7 +108,7 @@ class RemoteRewardClient:
                metadata_keys: Sequence[str] = ()):
     parsed = urllib.parse.urlparse(url) if isinstance(url, str) else None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
-      raise ValueError(f"reward server url={url!r} must be an http(s) URL like http://127.0.0.1:8000/score")
+      raise UserError(f"reward server url={url!r} must be an http(s) URL like http://127.0.0.1:8000/score")
     for name, value, positive in (("timeout_s", timeout_s, True), ("backoff_s", backoff_s, False),
                                   ("max_backoff_s", max_backoff_s, False)):
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
@@ -183,6 +184,22 @@ class RemoteRewardClient:
       raise RemoteRewardError(f"{where}: HTTP {status}: {message}")
     raise RemoteRewardError(f"{where}: failed after {self.retries + 1} attempt(s); last error: {last}")
 
+  def probe(self, timeout_s: float = 5.0) -> None:
+    """UserError unless something answers HTTP at the server's address (GET /health; any status counts, a
+    server of one's own need not implement it): a run checks its reward servers before building models."""
+    parsed = urllib.parse.urlparse(self.url)
+    health = f"{parsed.scheme}://{parsed.netloc}/health"
+    try:
+      with urllib.request.urlopen(health, timeout=min(timeout_s, self.timeout_s)):
+        return
+    except urllib.error.HTTPError as e:
+      e.close()
+      return
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+      reason = getattr(e, "reason", e)
+      raise UserError(f"reward server {self.url}: nothing answers at {health} ({reason}); start the server "
+                      "(python -m glmrl.rewards.server ...) or fix the url") from None
+
   def _post(self, body: bytes) -> tuple[int, bytes]:
     req = urllib.request.Request(self.url, data=body, method="POST",
                                  headers={"Content-Type": "application/json", "Accept": "application/json"})
@@ -243,6 +260,7 @@ def remote_reward_factory(url: str, *, timeout_s: float = 60.0, retries: int = 3
   client = RemoteRewardClient(url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
                               max_backoff_s=max_backoff_s, chunk_size=chunk_size, max_workers=max_workers,
                               metadata_keys=tuple(metadata_keys))
+  client.probe()
 
   def remote(images, prompts, metadata):
     return client.score(images, prompts, metadata)
