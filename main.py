@@ -4,9 +4,11 @@ python main.py --config=configs/<name>.py[:arg] --config.section.key=value --wor
   --mode=train|generate|eval|compile
 
 Every config key is listed and commented in configs/common.py. Modes write into --workdir:
-  train     checkpoints/<step>/, metrics.jsonl, TensorBoard events, samples/ (resumes from the latest step)
+  train     checkpoints/<step>/, metrics.jsonl, TensorBoard events, samples/, config.json (the resolved
+            config); resumes from the latest step; lock.json while it runs (one training run per workdir)
   generate  generate/: one PNG per sample, grid.png, tokens.npz (latest checkpoint, else the initial model)
-  eval      eval/ rewards in metrics.jsonl and samples/ for config.eval.prompts_file (latest checkpoint)
+  eval      eval/* rewards in metrics.jsonl and TensorBoard, eval_samples grids in samples/, for
+            config.eval.prompts_file (latest checkpoint)
   compile   compile_report.json/.md: every program of a step compiled for config.compile.topology (e.g.
             v5p-64) from this host, per-chip bytes and whether it fits (needs requirements-compile.txt)
 Bad input ends with one line naming the value and exit status 2; a run stopped by SIGTERM or Ctrl-C
@@ -153,6 +155,7 @@ def main(argv):
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     config_checks.validate(_CONFIG.value, _MODE.value)
     result = getattr(importlib.import_module(module_name), fn_name)(_CONFIG.value, _WORKDIR.value)
+    distributed.finished()
   except UserError as e:
     _fail(str(e))
   stopped_by = (result or {}).get("stopped_by")

@@ -53,3 +53,13 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 def is_main() -> bool:
   """The process that writes the run's logs, images and records."""
   return jax.process_index() == 0
+
+
+def finished() -> None:
+  """Every process waits here for the others once a mode's work is done, so they reach jax.distributed's
+  shutdown barrier together: process 0's host-side writes (metrics, images, records, exports) would
+  otherwise keep it past that barrier's deadline while the others already wait there."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("glmrl: mode finished")
