@@ -46,6 +46,8 @@ def assert_one_line_error(result, message):
                                          "defines no such key (did you mean 'optim'?)"),
     ("--config.grpo.group_sise=4", "(did you mean 'group_size'?)"),
     ("--config.rewards[1].weight=1.0", "--config.rewards[1].weight: no such entry in the config's list"),
+    ("--config.rewards[0].name=target_psnr", "demo_prompts.txt:1: reward 'target_psnr' needs 'target_image' on every "
+                                             "prompt"),
     ("--config.rewards=({'name': 'remote', 'weight': 1.0, 'kwargs': {'url': 'http://127.0.0.1:1/score'}},)",
      "reward server http://127.0.0.1:1/score: nothing answers at http://127.0.0.1:1/health"),
     ("--config.rewards=({'name': 'remote', 'weight': 1.0, 'kwargs': {'url': 'localhost:8000/score'}},)",
@@ -80,6 +82,16 @@ def test_bad_workdir_fails_in_one_line(workdir, message, tmp_path):
   result = run_main(f"--workdir={workdir and tmp_path / workdir}", tmp_path=tmp_path / "unused")
   assert_one_line_error(result, message)
   assert os.listdir(tmp_path) == ["a_file"]
+
+
+@pytest.mark.parametrize("config,flag,model", [
+    ("configs/demo.py", "--config.lora.targets=nomatch", "GlmImageAR"),
+    ("configs/demo_decoder.py", "--config.decoder.lora.targets=nomatch", "GlmImageDiT")])
+def test_lora_targets_that_match_nothing_fail_before_any_weight_is_made(config, flag, model, tmp_path):
+  result = run_main(f"--config={config}", "--config.lora.rank=4", flag, tmp_path=tmp_path)
+  assert_one_line_error(result, f"lora target 'nomatch' matches no linear layer of {model}")
+  assert "loading" not in result.stderr  # checked on the abstract model, before any component is built
+  assert not os.listdir(tmp_path)
 
 
 def test_bad_prompt_file_names_file_and_line(tmp_path):

@@ -52,4 +52,4 @@ def lpips_reward_factory(weights_dir: str, *, sharding=None):
   return make_lpips_reward(_cached_model(os.path.abspath(weights_dir), sharding))
 
 
-register_factory("lpips", lpips_reward_factory, pure_jax=True)
+register_factory("lpips", lpips_reward_factory, pure_jax=True, needs=("target_image",))

@@ -52,6 +52,7 @@ class Reward:
   fn: RewardFn
   pure_jax: bool
   model_backed: bool = False
+  needs: tuple[str, ...] = ()  # metadata keys every prompt must supply (e.g. "target_image")
 
   def __call__(self, images, prompts, metadata, **kwargs):
     if self.model_backed:
@@ -81,8 +82,10 @@ class Reward:
 _REGISTRY: dict[str, Reward] = {}
 
 
-def register(name: str, fn: RewardFn, *, pure_jax: bool, replace: bool = False) -> RewardFn:
-  """Registers `fn` under `name` and returns `fn`; an existing name needs `replace=True`."""
+def register(name: str, fn: RewardFn, *, pure_jax: bool, replace: bool = False, needs: tuple[str, ...] = ()
+             ) -> RewardFn:
+  """Registers `fn` under `name` and returns `fn`; an existing name needs `replace=True`. `needs`: the
+  metadata keys it reads of every prompt, checked against the prompt files before a run builds anything."""
   if not isinstance(name, str) or not name:
     raise ValueError(f"reward name {name!r} must be a non-empty string")
   if not callable(fn):
@@ -91,14 +94,14 @@ def register(name: str, fn: RewardFn, *, pure_jax: bool, replace: bool = False) 
     raise ValueError(f"reward {name!r}: pure_jax={pure_jax!r} must be a bool")
   if name in _REGISTRY and not replace:
     raise ValueError(f"reward {name!r} is already registered (pass replace=True to override)")
-  _REGISTRY[name] = Reward(name=name, fn=fn, pure_jax=pure_jax)
+  _REGISTRY[name] = Reward(name=name, fn=fn, pure_jax=pure_jax, needs=tuple(needs))
   return fn
 
 
 def register_factory(name: str, factory: Callable[..., Any], *, pure_jax: bool,
-                     replace: bool = False) -> Callable[..., Any]:
+                     replace: bool = False, needs: tuple[str, ...] = ()) -> Callable[..., Any]:
   """Registers a model-backed reward: `factory(**kwargs)` -> reward fn or ModelReward (see module doc)."""
-  register(name, factory, pure_jax=pure_jax, replace=replace)
+  register(name, factory, pure_jax=pure_jax, replace=replace, needs=needs)
   _REGISTRY[name] = dataclasses.replace(_REGISTRY[name], model_backed=True)
   return factory
 

@@ -31,5 +31,5 @@ def target_psnr(images, prompts, metadata, max_db: float = 100.0):
   return -10.0 * jnp.log10(jnp.maximum(mse, floor))
 
 
-register("target_neg_mse", target_neg_mse, pure_jax=True)
-register("target_psnr", target_psnr, pure_jax=True)
+register("target_neg_mse", target_neg_mse, pure_jax=True, needs=("target_image",))
+register("target_psnr", target_psnr, pure_jax=True, needs=("target_image",))

@@ -21,6 +21,7 @@ from glmrl.policy import registry
 from glmrl.policy.base import Request
 from glmrl.policy.state import build_state, num_params
 from glmrl.rewards import RewardComposer
+from glmrl.rewards import registry as reward_registry
 from glmrl.sampling.logprobs import sampling_config
 from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_decode_batch, check_glyph_fits
 
@@ -119,6 +120,18 @@ def load_records(config):
         raise UserError(f"{path}:{r.line}: data.mode='i2i' needs source_images on every line")
       if config.data.mode == "t2i" and r.source_images:
         raise UserError(f"{path}:{r.line}: source_images given but data.mode='t2i' (set --config.data.mode=i2i)")
+  # What the rewards read of every prompt: the trained policies' rewards score the training prompts, and
+  # evaluation adds config.rewards.
+  request = registry.rollout_request(config)
+  trained_entries = [e for p in registry.trained(config).values() for e in p.rewards(config, request)[0]]
+  for path, recs, entries in ((config.data.prompts_file, records, trained_entries),
+                              (config.eval.prompts_file, eval_records, list(config.rewards) + trained_entries)):
+    for entry in entries:
+      for key in reward_registry.get(entry["name"]).needs:
+        lacking = [r for r in recs if not (r.target_image if key == "target_image" else key in r.metadata)]
+        if lacking:
+          raise UserError(f"{path}:{lacking[0].line}: reward {entry['name']!r} needs {key!r} on every prompt "
+                          f"(a .jsonl line with \"{key}\": ...; {len(lacking)} of {len(recs)} prompts lack it)")
   return records, eval_records
 
 
@@ -210,6 +223,12 @@ def build(config, *, train: bool = False) -> Run:
   iterator = PromptIterator(records, prompts_per_step=config.data.prompts_per_step, seed=config.seed,
                             height=config.data.height, width=config.data.width)
 
+  # What the models' shapes decide (which layers the LoRA targets match) is checked on abstract models, by the
+  # run's own builder, before any weight is made or read.
+  for policy in policies.values():
+    if policy.settings(config).lora.enabled:
+      abstract = glm_image.abstract_model(policy.component, getattr(configs, policy.component))
+      build_state(policy, config, abstract, mesh, abstract=True, train=False)
   logging.info("mesh %s on %d devices", dict(mesh.shape), jax.device_count())
   source = config.model.checkpoint_dir or f"a random {config.model.preset!r} preset"
   models = {}
