@@ -209,7 +209,7 @@ def build(config, *, train: bool = False) -> Run:
     entries, group = policy.rewards(config, request)
     composers[name] = reward_composer(config, mesh, entries, group_size=group)
   # What evaluation reports (config.rewards over a prompt's samples): the AR policy's composer when it trains.
-  composer = composers.get("ar") or reward_composer(config, mesh)
+  composer = composers["ar"] if "ar" in composers else reward_composer(config, mesh)
   configs = model_configs(config)
   processor, glyph_tokenizer = processors(config, configs, [r.prompt for r in records + eval_records])
   for path, recs in ((config.data.prompts_file, records), (config.eval.prompts_file, eval_records)):
