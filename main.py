@@ -28,6 +28,7 @@ from ml_collections import config_flags
 import glmrl  # noqa: F401  (library-wide settings)
 from glmrl import config_checks
 from glmrl import distributed
+from glmrl.checkpoint.signals import StopSignal
 from glmrl.errors import UserError
 from glmrl.logging import quiet_library_logs
 
@@ -152,10 +153,12 @@ def main(argv):
   _check_workdir(_WORKDIR.value)
   quiet_library_logs()
   try:
-    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    config_checks.validate(_CONFIG.value, _MODE.value)
-    result = getattr(importlib.import_module(module_name), fn_name)(_CONFIG.value, _WORKDIR.value)
-    distributed.finished()
+    # A signal ends any mode within a second, also inside an XLA compile; train saves its finished steps first.
+    with StopSignal(what=f"--mode={_MODE.value} stopped"):
+      distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+      config_checks.validate(_CONFIG.value, _MODE.value)
+      result = getattr(importlib.import_module(module_name), fn_name)(_CONFIG.value, _WORKDIR.value)
+      distributed.finished()
   except UserError as e:
     _fail(str(e))
   stopped_by = (result or {}).get("stopped_by")

@@ -43,8 +43,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampling.dit_steps = 50  # DiT denoising steps (reference default).
   c.sampling.guidance_scale = 1.5  # Classifier-free guidance scale of the DiT (reference default).
   # Samples per DiT denoise+decode call: bounds the decoder's activations (full attention over every image
-  # token at 1024^2); 0 decodes the whole rollout at once. Divides the batch; divides or is a multiple of group_size.
-  c.sampling.decode_batch = 0  # Samples per decoder call (see above); 0: all.
+  # token at 1024^2). 0 picks one sample per data x fsdp device (the least memory that keeps every chip busy);
+  # -1 decodes each batch in one call. A number must divide the batch, split over data x fsdp, and divide or be a
+  # multiple of group_size.
+  c.sampling.decode_batch = 0  # Samples per decoder call (see above); 0: picked, -1: whole batch.
   c.sampling.share_noise_in_group = True  # Same decoder noise within a group: rewards differ only by AR tokens.
 
   c.grpo = ml_collections.ConfigDict()

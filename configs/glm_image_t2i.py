@@ -25,7 +25,6 @@ def get_config(arg=None):
   c.sampling.top_p = 0.75
   c.sampling.dit_steps = 50
   c.sampling.guidance_scale = 1.5
-  c.sampling.decode_batch = 16  # one group per decoder call: 1024^2 attention over 128 samples would not fit
   c.model.checkpoint_dir = config_dict.placeholder(str)  # required: the converted folder
   c.model.preset = "full"
   c.model.param_dtype = "float32"
@@ -48,7 +47,6 @@ def get_config(arg=None):
     c.data.prompts_per_step = 2
     c.grpo.group_size = 4
     c.sampling.dit_steps = 4
-    c.sampling.decode_batch = 0
     c.train.micro_batch_size = 0
     c.train.num_steps = 10
   elif arg:

@@ -29,14 +29,10 @@ def get_config(arg=None):
   c.model.param_dtype = "bfloat16"  # the frozen base; adapters keep a float32 master copy
   c.optim.learning_rate = 1e-4
   c.grpo.beta = 0.01
-  # One accelerator: 4 samples per decoder call keep the 1024^2 DiT's attention within one chip (--mode=compile
-  # on one v5p chip: peak 67.6 GiB with 4, 117.5 GiB with 16). On a slice, raise it to a multiple of data x fsdp.
-  c.sampling.decode_batch = 4
   # Kept from glm_image_t2i / common: group_size 16, epsilon_low 0.2, epsilon_high 0.28 (sources above).
   if arg == "tiny":
     c.model.param_dtype = "float32"
     c.lora.rank = 4
     c.lora.alpha = 8.0
     c.optim.learning_rate = 1e-2  # the tiny random model: what makes its reward rise in a few steps
-    c.sampling.decode_batch = 0
   return c

@@ -113,7 +113,7 @@ RULES: dict[str, Rule] = {
     "sampling.dit_steps": integer(1),
     "sampling.guidance_scale": NON_NEGATIVE,
     "sampling.share_noise_in_group": BOOL,
-    "sampling.decode_batch": integer(0, why="must be >= 0 (0 decodes the whole batch at once)"),
+    "sampling.decode_batch": integer(-1, why="must be >= -1 (0 picks one sample per data x fsdp device, -1 decodes each batch whole)"),
     "grpo.group_size": integer(2, why="must be at least 2 (advantages are relative to the group)"),
     "grpo.num_iterations": integer(1),
     "grpo.epsilon_low": UNIT_OPEN,

@@ -95,6 +95,11 @@ def state_shardings(abstract_state, mesh, rules=DEFAULT_RULES):
   return jax.tree.map(one, abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def batch_devices(mesh) -> int:
+  """Devices a batch axis splits over: data x fsdp."""
+  return int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.axis_names]))
+
+
 def batch_sharding(mesh, ndim: int):
   """Leading (batch) dimension over data x fsdp, the rest replicated."""
   return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))

@@ -29,7 +29,7 @@ from glmrl.policy import registry
 from glmrl.policy.state import build_state, placed
 from glmrl.rewards import RewardComposer
 from glmrl.rewards import registry as reward_registry
-from glmrl.sampling import ar_sampler, decode, scheduler
+from glmrl.sampling import ar_sampler, decode, pipeline, scheduler
 from glmrl.sampling.logprobs import sampling_config
 from glmrl.train import setup as setup_lib
 
@@ -155,7 +155,8 @@ def decoder(run: AbstractRun) -> Program:
   """The DiT denoising loop (both CFG branches every step) and the VAE decode, on one decode chunk; with the
   decoder policy, the training rollout's: its steps, its SDE window (recorded) and the trained DiT."""
   cfg, mesh, configs = run.config, run.mesh, run.configs
-  chunk = cfg.sampling.decode_batch or run.images
+  chunk = pipeline.decode_chunk(cfg.sampling.decode_batch, run.images, run.request.images_per_prompt,
+                                sharding_lib.batch_devices(mesh))
   h, w = cfg.data.height, cfg.data.width
   sched = scheduler.glm_image_schedule(rollout_steps(run), h, w, configs.scheduler,
                                        vae_scale_factor=configs.vae.scale_factor, patch_size=configs.dit.patch_size)

@@ -84,6 +84,10 @@ class WorkdirLock:
     raise UserError(f"--workdir={self.workdir}: could not take {self.path} (another run keeps taking it)")
 
   def __exit__(self, *exc) -> None:
+    self.release()
+
+  def release(self) -> None:
+    """Removes the lock file if this process holds it (also from a signal's immediate exit)."""
     if self.held:
       holder = self._read()
       if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():

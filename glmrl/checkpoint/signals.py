@@ -1,34 +1,91 @@
-"""SIGTERM / Ctrl-C: finish the current step, save, and exit cleanly."""
+"""SIGTERM / Ctrl-C: exit at once while nothing is unsaved; else finish the current step, save, and exit.
 
+Python runs a signal handler only when the main thread is back in the interpreter, which a minutes-long XLA
+compile or a model build is not. So the C-level handler's wake-up byte (`signal.set_wakeup_fd`) is read by a
+watcher thread: while the run holds nothing unsaved (setup, a restore, the first step with its compile), the
+watcher runs the cleanups (the workdir lock) and ends the process with 128 + the signal at once. Once a step
+has finished, the signal only sets the flag the loop polls between steps: the step in flight is finished and
+saved, as a scheduler's grace period expects.
+"""
+
+import os
 import signal
+import sys
+import threading
 
 from absl import logging
 
 
 class StopSignal:
-  """Context manager that turns SIGTERM and SIGINT into a flag polled between steps."""
+  """Context manager for SIGTERM and SIGINT (see the module docstring).
+
+  `immediate=True` until `work_in_progress()`: the run then has work to save, and a signal sets the flag
+  (`bool(stop)`, `stop.received`) instead. `cleanup`: callables run before an immediate exit.
+  """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-  def __init__(self):
+  def __init__(self, cleanup=(), what: str = "nothing to save yet"):
     self.received = None
+    self._cleanup, self._what = tuple(cleanup), what
     self._previous = {}
+    self._immediate = True
+    self._mutex = threading.Lock()
+    self._pipe = None
+    self._previous_fd = -1
+
+  def work_in_progress(self) -> None:
+    """From now on a signal waits for the loop (finish the step, save)."""
+    with self._mutex:
+      self._immediate = False
+
+  def _exit_now(self, signum: int) -> None:
+    name = signal.Signals(signum).name
+    print(f"{name} received: {self._what}; exiting", file=sys.stderr, flush=True)
+    for fn in self._cleanup:
+      try:
+        fn()
+      except Exception as e:  # pylint: disable=broad-except  (exiting regardless)
+        print(f"while exiting: {e}", file=sys.stderr, flush=True)
+    os._exit(128 + signum)  # pylint: disable=protected-access  (no unwinding: the main thread may be in XLA)
+
+  def _watch(self, read_fd: int) -> None:
+    try:
+      while data := os.read(read_fd, 1):  # b"" once the write end closed: the context ended
+        with self._mutex:
+          if self._immediate and data[0] in [int(s) for s in self.SIGNALS]:
+            self._exit_now(data[0])
+    finally:
+      os.close(read_fd)
 
   def _handle(self, signum, frame):
     del frame
+    with self._mutex:
+      immediate = self._immediate
+    if immediate:  # the watcher thread is ending the process
+      return
     if self.received is not None:  # A second signal: the user insists.
       raise KeyboardInterrupt
     self.received = signal.Signals(signum).name
     logging.warning("%s received: saving a checkpoint after the current step, then exiting.", self.received)
 
   def __enter__(self):
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    self._pipe = (read_fd, write_fd)
     for sig in self.SIGNALS:
       self._previous[sig] = signal.signal(sig, self._handle)
+    self._previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    threading.Thread(target=self._watch, args=(read_fd,), name="stop-signal", daemon=True).start()
     return self
 
   def __exit__(self, *exc):
+    with self._mutex:  # no immediate exit from here on: the run is returning by itself
+      self._immediate = False
+    signal.set_wakeup_fd(self._previous_fd)
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
+    os.close(self._pipe[1])  # the watcher reads end-of-file and returns
     return False
 
   def __bool__(self):

@@ -45,7 +45,7 @@ class PipelineSpec:
   prompt_pad: int = 64   # prompt tokens are left-padded to a multiple of this
   glyph_pad: int = 32    # glyph tokens per prompt (all its quoted texts), fixed: one DiT program per run
   glyph_texts: int = 4   # quoted texts per prompt in the glyph encoder's fixed batch
-  decode_batch: int = 0  # samples per denoise+decode call (bounds its activations); 0: the whole batch
+  decode_batch: int = 0  # samples per denoise+decode call (bounds its activations); 0, -1: see `decode_chunk`
 
   def __post_init__(self):
     for name in ("height", "width"):
@@ -54,7 +54,7 @@ class PipelineSpec:
         raise ValueError(f"PipelineSpec.{name}={value!r} must be a positive multiple of 32 (one AR token per 32 px)")
     for name in ("dit_steps", "prompt_pad", "glyph_pad", "glyph_texts", "decode_batch"):
       value = getattr(self, name)
-      low = 0 if name == "decode_batch" else 1
+      low = -1 if name == "decode_batch" else 1
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ValueError(f"PipelineSpec.{name}={value!r} must be an integer >= {low}")
 
@@ -158,11 +158,28 @@ def check_glyph_fits(prompt: str, tokenizer, max_tokens: int, max_texts: int, wh
                     f"config.data.max_glyph_tokens={max_tokens}")
 
 
+def _fits(chunk: int, batch: int, group_size: int) -> bool:
+  return batch % chunk == 0 and (chunk % group_size == 0 or group_size % chunk == 0)
+
+
 def check_decode_batch(chunk: int, batch: int, group_size: int) -> None:
   """Decoder chunks divide the batch and read whole condition-image slots (one per group)."""
-  if batch % chunk or (chunk % group_size and group_size % chunk):
+  if not _fits(chunk, batch, group_size):
     raise UserError(f"config.sampling.decode_batch={chunk} must divide the batch of {batch} samples and divide or "
                     f"be a multiple of the group size {group_size} (a chunk reads whole condition-image slots)")
+
+
+def decode_chunk(requested: int, batch: int, group_size: int, devices: int) -> int:
+  """Samples per decoder call: `requested` when it is set (checked); -1: the whole batch; 0: the smallest chunk
+  that divides the batch, reads whole condition-image slots and splits evenly over the `devices` of the mesh's
+  batch axes (one sample per device per call: the least decoder memory at full use of the chips), or the whole
+  batch when none does."""
+  if requested == -1:
+    return batch
+  if requested:
+    check_decode_batch(requested, batch, group_size)
+    return requested
+  return next((c for c in range(devices, batch + 1, devices) if _fits(c, batch, group_size)), batch)
 
 
 class GlmImagePipeline:
@@ -263,6 +280,11 @@ class GlmImagePipeline:
       raise ValueError("this pipeline holds no AR parameters (a training run owns them): pass ar_params")
     return nnx.merge(graphdef, params)
 
+  @property
+  def batch_devices(self) -> int:
+    """Devices the batch axis splits over: the mesh's data x fsdp."""
+    return 1 if self.mesh is None else sharding_lib.batch_devices(self.mesh)
+
   def shard_batch(self, x, batch_axis: int = 0):
     """Places a [.., B, ..] array with its batch axis split over the mesh's data x fsdp axes."""
     if self.mesh is None:
@@ -348,8 +370,8 @@ class GlmImagePipeline:
     """
     cond = conditioning or self.conditioning(prepared, target_Bxhxw, group_size)
     b = target_Bxhxw.shape[0]
-    chunk = self.spec.decode_batch or b
-    check_decode_batch(chunk, b, group_size)  # a run checks its batches before building models (`setup`)
+    # A run checks its batches before building models (`setup.check_batch`).
+    chunk = decode_chunk(self.spec.decode_batch, b, group_size, self.batch_devices)
     dit_def = self.models["dit"][0]
     dit_params = self.dit_params(dit_params)
     vae_def, vae_params = self.models["vae"]

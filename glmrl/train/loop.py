@@ -189,11 +189,13 @@ def train(config, workdir: str) -> dict:
     logging.info("already complete: %s holds step %d of %d; raise --config.train.num_steps to train further",
                  os.path.join(workdir, "checkpoints"), saved[-1], num_steps)
     return {"step": saved[-1], "last": {}, "stopped_by": None}
-  with WorkdirLock(workdir):
-    return _train(config, workdir)
+  lock = WorkdirLock(workdir)
+  # Until the first step has finished nothing is unsaved: a signal exits at once, also mid-compile.
+  with StopSignal(cleanup=[lock.release], what="nothing new to save (no step finished yet)") as stop, lock:
+    return _train(config, workdir, stop)
 
 
-def _train(config, workdir: str) -> dict:
+def _train(config, workdir: str, stop: StopSignal) -> dict:
   num_steps = config.train.num_steps
   trainer = Trainer(config, workdir)
   # The resolved config (defaults, file and flags), written once the inputs have passed every check.
@@ -204,21 +206,21 @@ def _train(config, workdir: str) -> dict:
   progress = Progress(num_steps, trainer.step_index)
   last, stopped_by = {}, None
   try:
-    with StopSignal() as stop:
-      if trainer.step_index < num_steps:
-        logging.info("step %d/%d: compiling the rollout and update programs (the first step takes longer)",
-                     trainer.step_index + 1, num_steps)
-      while trainer.step_index < num_steps:
-        last = trainer.step()
-        console(progress.line(trainer.step_index, last))
-        trainer.save()
-        if config.eval.interval and trainer.step_index % config.eval.interval == 0:
-          evaluate_lib.run_eval(trainer.run, trainer.run.sampling_params(), trainer.writer, trainer.step_index)
-        if stop:
-          stopped_by = stop.received
-          logging.warning("stopping at step %d on %s", trainer.step_index, stopped_by)
-          break
-      trainer.save(force=True)
+    if trainer.step_index < num_steps:
+      logging.info("step %d/%d: compiling the rollout and update programs (the first step takes longer)",
+                   trainer.step_index + 1, num_steps)
+    while trainer.step_index < num_steps:
+      last = trainer.step()
+      stop.work_in_progress()  # a finished step: a signal now saves it before exiting
+      console(progress.line(trainer.step_index, last))
+      trainer.save()
+      if config.eval.interval and trainer.step_index % config.eval.interval == 0:
+        evaluate_lib.run_eval(trainer.run, trainer.run.sampling_params(), trainer.writer, trainer.step_index)
+      if stop:
+        stopped_by = stop.received
+        logging.warning("stopping at step %d on %s", trainer.step_index, stopped_by)
+        break
+    trainer.save(force=True)
   finally:
     trainer.close()
   console(f"{progress.summary(trainer.step_index, trainer.checkpointer.directory, stopped_by)}; config in "

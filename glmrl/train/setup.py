@@ -23,7 +23,7 @@ from glmrl.policy.state import build_state, num_params
 from glmrl.rewards import RewardComposer
 from glmrl.rewards import registry as reward_registry
 from glmrl.sampling.logprobs import sampling_config
-from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_decode_batch, check_glyph_fits
+from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_decode_batch, check_glyph_fits, decode_chunk
 
 @dataclasses.dataclass
 class Run:
@@ -95,12 +95,15 @@ def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
       logging.warning("%s=%d does not split evenly over data x fsdp = %d devices: each micro-batch is partly "
                       "replicated", policy.micro_batch_key, micro, devices)
   chunk = config.sampling.decode_batch
-  if chunk:
+  if chunk > 0:  # 0 picks a chunk that fits every batch (`decode_chunk`); -1 decodes each whole
     # The rollout's images, and evaluation's and generation's group_size samples of every prompt.
     check_decode_batch(chunk, images, request.images_per_prompt)
     check_decode_batch(chunk, prompts * config.grpo.group_size, config.grpo.group_size)
     if chunk % devices:
       raise UserError(f"config.sampling.decode_batch={chunk} does not split over data x fsdp = {devices}")
+  elif chunk == 0:
+    logging.info("decoder calls of %d samples (sampling.decode_batch=0: one sample per data x fsdp device)",
+                 decode_chunk(0, images, request.images_per_prompt, devices))
 
 
 def pipeline_spec(config) -> PipelineSpec:

@@ -35,7 +35,7 @@ from glmrl.models.glyph.t5 import T5Encoder
 from glmrl.models.vae import AutoencoderKL
 from glmrl.sampling import decode
 from glmrl.sampling import pipeline as pipeline_lib
-from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec
+from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_decode_batch, decode_chunk
 from tests import torch_port
 
 H = W = 64
@@ -278,6 +278,19 @@ def test_decode_in_chunks_equals_the_whole_batch(setup, chunk):
   images, out_latents = chunked.decode_tokens(prepared, target, latents, GROUP, cache)
   np.testing.assert_allclose(np.asarray(out_latents), np.asarray(whole_latents), atol=1e-5)
   assert np.abs(np.asarray(images, np.int32) - np.asarray(whole_images, np.int32)).max() <= 1
+
+
+@pytest.mark.parametrize("batch,group,devices,chunk", [
+    (128, 16, 32, 32), (128, 16, 128, 128), (128, 16, 4, 4), (128, 16, 1, 1),  # one sample per device
+    (128, 16, 24, 128),  # no chunk splits over 24 devices: the whole batch
+    (32, 8, 16, 16), (8, 4, 1, 1), (8, 4, 8, 8)])
+def test_decode_batch_0_picks_one_sample_per_device(batch, group, devices, chunk):
+  assert decode_chunk(0, batch, group, devices) == chunk
+  check_decode_batch(chunk, batch, group)
+  assert decode_chunk(16, 128, 16, 4) == 16  # a set chunk is kept
+  assert decode_chunk(-1, 128, 16, 4) == 128  # -1: the whole batch
+  with pytest.raises(ValueError, match="decode_batch=12 must divide the batch of 128"):
+    decode_chunk(12, 128, 16, 4)
 
 
 def test_decode_batch_must_fit_the_groups(setup):

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from glmrl import config_checks
+from glmrl import config_checks, sharding
 from glmrl.models import glm_image
 from glmrl.models.ar.prompt import GenerationLayout
 from glmrl.policy import ar as ar_policy
-from glmrl.policy import optimizer
+from glmrl.policy import optimizer, registry
 from glmrl.policy.ar import TRAINABLE
 from glmrl.policy.state import num_params
 from glmrl.sampling.logprobs import sampling_config
@@ -45,6 +45,31 @@ def test_tiny_configs_validate(name):
   c = load(name, None if name.startswith("demo") else "tiny")
   config_checks.validate(c)
   setup.load_records(c)  # the bundled prompt files fit the mode
+
+
+# The README's "What fits where" rows, and the same shrunk by flags.
+SLICES = [("glm_image_t2i", 32, {}), ("glm_image_t2i", 256, {"mesh.fsdp": 128, "mesh.tensor": 2}),
+          ("glm_image_t2i", 64, {}), ("glm_image_t2i", 4, {}), ("glm_image_t2i", 8, {}),
+          ("glm_image_t2i_lora", 1, {}), ("glm_image_t2i_decoupled", 32, {"decoder.micro_batch_size": 32})]
+
+
+@pytest.mark.parametrize("name,chips,flags", SLICES)
+@pytest.mark.parametrize("shrink", [{}, {"data.prompts_per_step": 4}, {"data.prompts_per_step": 2},
+                                    {"grpo.group_size": 8}])
+def test_released_configs_fit_every_listed_slice_unchanged_and_shrunk(name, chips, flags, shrink):
+  """The batch checks of a run (`setup.check_batch`) pass for the released configs on each slice the README lists,
+  as shipped and shrunk by flags: `sampling.decode_batch` = 0 picks a chunk that fits every batch."""
+  c = load(name)
+  for key, value in {**flags, **shrink}.items():
+    group, field = key.split(".")
+    c[group][field] = value
+  shape = sharding.mesh_shape(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, chips)
+  rows = c.data.prompts_per_step * registry.rollout_request(c).grids_per_prompt
+  if rows % (shape[0] * shape[1]):  # the AR sampler's own rule, whatever the decoder's chunk
+    with pytest.raises(ValueError, match="do not divide over the mesh's data x fsdp"):
+      setup.check_batch(c, shape)
+  else:
+    setup.check_batch(c, shape)
 
 
 def test_decoupled_config_names_each_required_reward_input(tmp_path):

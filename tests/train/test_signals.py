@@ -1,11 +1,15 @@
-"""SIGTERM during training saves a checkpoint of the last finished step and exits with 143."""
+"""SIGTERM during training saves a checkpoint of the last finished step and exits with 143; before any step
+has finished, a signal exits at once."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+
+import pytest
 
 from tests.train.common import ROOT
 
@@ -29,3 +33,41 @@ def test_sigterm_saves_and_exits(tmp_path):
   steps = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
   assert steps and steps[-1] == last_step  # the interrupted run's last step is saved (interval was 1000)
   assert last_step < 1000
+
+
+def _start(tmp_path, *flags):
+  cmd = [sys.executable, os.path.join(ROOT, "main.py"), "--config=configs/demo.py", f"--workdir={tmp_path}",
+         "--config.log.image_interval=0", *flags]
+  proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  lines = []
+  threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+  return proc, lines
+
+
+def _stop_and_time(proc, sig) -> float:
+  sent = time.time()
+  proc.send_signal(sig)
+  proc.wait(timeout=60)
+  return time.time() - sent
+
+
+@pytest.mark.parametrize("sig,status,phase", [(signal.SIGINT, 130, "setup"), (signal.SIGTERM, 143, "compile")])
+def test_a_signal_before_any_step_finished_exits_within_seconds(tmp_path, sig, status, phase):
+  """While nothing is unsaved (models being built; the first step compiling), SIGTERM and Ctrl-C end the run
+  at once, even with the main thread inside XLA, with one line, the lock released and nothing saved."""
+  proc, lines = _start(tmp_path, "--config.train.num_steps=3")
+  deadline = time.time() + 300
+  lock = tmp_path / "lock.json"
+  ready = (lambda: lock.exists()) if phase == "setup" else (lambda: any("compiling the rollout" in l for l in lines))
+  while time.time() < deadline and proc.poll() is None and not ready():
+    time.sleep(0.05)
+  assert proc.poll() is None, "".join(lines)[-3000:]
+  took = _stop_and_time(proc, sig)
+  assert proc.returncode == status, "".join(lines)[-3000:]
+  assert took < 5, f"{took:.1f} s to exit"
+  time.sleep(0.2)  # the reader thread's last lines
+  assert lines[-1] == f"{sig.name} received: nothing new to save (no step finished yet); exiting\n", lines[-3:]
+  assert not any("Traceback" in l for l in lines)
+  assert not lock.exists()
+  saved = os.listdir(tmp_path / "checkpoints") if os.path.exists(tmp_path / "checkpoints") else []
+  assert not [d for d in saved if d[0].isdigit()], saved  # no step, not even a temporary folder
