@@ -30,7 +30,6 @@ from glmrl import config_checks
 from glmrl import distributed
 from glmrl.checkpoint.signals import StopSignal
 from glmrl.errors import UserError
-from glmrl.logging import quiet_library_logs
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "demo.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and samples.", required=True)
@@ -148,15 +147,17 @@ def _check_workdir(workdir: str) -> None:
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _fail(f"unexpected arguments {argv[1:]}: every setting is a --flag (python main.py --help)")
   module_name, fn_name = _MODES[_MODE.value].split(":")
   _check_workdir(_WORKDIR.value)
-  quiet_library_logs()
   try:
     # A signal ends any mode within a second, also inside an XLA compile; train saves its finished steps first.
     with StopSignal(what=f"--mode={_MODE.value} stopped"):
       distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
       config_checks.validate(_CONFIG.value, _MODE.value)
+      # Imported here: TensorBoard's imports take seconds that a config failing its checks need not wait for.
+      from glmrl.logging import quiet_library_logs  # pylint: disable=import-outside-toplevel
+      quiet_library_logs()
       result = getattr(importlib.import_module(module_name), fn_name)(_CONFIG.value, _WORKDIR.value)
       distributed.finished()
   except UserError as e:

@@ -228,6 +228,7 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
 
 
 def _check_file(key: str, path: str) -> None:
+  _check(not os.path.isdir(path), key, path, "is a folder: name the file of prompts in it")
   _check(os.path.isfile(path), key, path, "no such file")
 
 

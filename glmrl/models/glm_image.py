@@ -141,6 +141,11 @@ def abstract_model(name: str, cfg):
   return graphdef, state
 
 
+# XLA:CPU spends most of a random init compiling one kernel per parameter (12 s of the tiny VAE's 13 s);
+# backend optimisation level 1 compiles them 2-3x faster and the values stay bit-identical (tests/models).
+_CPU_INIT_OPTIONS = {"xla_backend_optimization_level": 1}
+
+
 def init_params(name: str, cfg, seed: int, shardings):
   """Random parameters of one component, created directly on `shardings` by one jitted init."""
   _, cls = COMPONENTS[name]
@@ -148,7 +153,9 @@ def init_params(name: str, cfg, seed: int, shardings):
   def init():
     return nnx.split(cls(cfg, rngs=nnx.Rngs(seed)))[1]
 
-  return jax.jit(init, out_shardings=shardings)()
+  lowered = jax.jit(init, out_shardings=shardings).lower()
+  options = _CPU_INIT_OPTIONS if jax.default_backend() == "cpu" else None
+  return lowered.compile(compiler_options=options)()
 
 
 def build(name: str, cfg, *, mesh=None, checkpoint_dir: str = "", seed: int = 0):
