@@ -4,8 +4,9 @@ python main.py --config=configs/<name>.py[:arg] --config.section.key=value --wor
   --mode=train|generate|eval|compile
 
 Every config key is listed and commented in configs/common.py. Modes write into --workdir:
-  train     checkpoints/<step>/, metrics.jsonl, TensorBoard events, samples/, config.json (the resolved
-            config); resumes from the latest step; lock.json while it runs (one training run per workdir)
+  train     checkpoints/<step>/, metrics.jsonl, TensorBoard events, samples/, config.json and config.py (the
+            resolved config; --config=<workdir>/config.py reruns it); resumes from the latest step; lock.json
+            while it runs (one training run per workdir)
   generate  generate/: one PNG per sample, grid.png, tokens.npz (latest checkpoint, else the initial model)
   eval      eval/* rewards in metrics.jsonl and TensorBoard, eval_samples grids in samples/, for
             config.eval.prompts_file (latest checkpoint)

@@ -87,9 +87,10 @@ def assert_one_line_error(result, message):
     ("extra", "unexpected arguments ['extra']: every setting is a --flag"),
 ])
 def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_path):
-  result = run_main("--config=configs/demo.py", override, tmp_path=tmp_path)
+  work = tmp_path / "work"
+  result = run_main("--config=configs/demo.py", override, tmp_path=work)
   assert_one_line_error(result, message)
-  assert not os.listdir(tmp_path)  # nothing was started
+  assert not work.exists()  # nothing was started, not even the folder
 
 
 @pytest.mark.parametrize("config_text,arg,message", [
@@ -201,8 +202,10 @@ def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_pa
   # A crash after step 3's metrics but before its checkpoint leaves a row the resumed run redoes.
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write(json.dumps({"step": 4, "reward/mean": 0.0}) + "\n")
-  more = run_main(*args, "--config.train.num_steps=4", tmp_path=tmp_path, timeout=600)
+  # The workdir's config.py gives the run's resolved config back: it extends the run as the flags did.
+  more = run_main(f"--config={tmp_path / 'config.py'}", "--config.train.num_steps=4", tmp_path=tmp_path, timeout=600)
   assert more.returncode == 0, more.stderr[-3000:]
+  assert json.loads((tmp_path / "config.json").read_text())["checkpoint"]["save_interval"] == 2
   assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3, 4]
   assert _rows(tmp_path)[-1]["reward/mean"] != 0.0
 

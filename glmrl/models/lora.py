@@ -103,15 +103,25 @@ def _compute_dtype(layer, y: jax.Array):
   return y.dtype if layer.dtype is None else layer.dtype
 
 
+def _low_rank(x_xI: jax.Array, lora_a: LoraParam, lora_b: LoraParam, dtype) -> jax.Array:
+  """scale * (x @ A) @ B over rows flattened to 2-D, reshaped back: [..., O] (B [R, O]) or [..., J, O] (B [R, J, O]).
+
+  With 3-D inputs the adapters' weight gradients (x^T dh, contracting batch and tokens) miss XLA:CPU's
+  matrix-multiply path; as [T, I] @ [I, R] they take it (`bench/decoder_update.py`). Scaling the rank-R
+  intermediate costs R, not O, multiplies per row."""
+  lead = x_xI.shape[:-1]
+  b = lora_b[...]
+  x_TxI = x_xI.reshape(-1, x_xI.shape[-1]).astype(dtype)
+  h_TxR = (x_TxI @ lora_a[...].astype(dtype)) * jnp.asarray(_scale(lora_b), dtype)
+  return (h_TxR @ b.reshape(b.shape[0], -1).astype(dtype)).reshape(*lead, *b.shape[1:])
+
+
 class LoraLinear(nnx.Linear):
   """An nnx.Linear (kernel [I, O]) with lora_a [I, R] and lora_b [R, O]; made only by `apply_lora`."""
 
   def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
     y = super().__call__(inputs, out_sharding)
-    dtype = _compute_dtype(self, y)
-    # Scaling the rank-R intermediate costs R, not O, multiplies per row.
-    h_BxLxR = (inputs.astype(dtype) @ self.lora_a[...].astype(dtype)) * jnp.asarray(_scale(self.lora_b), dtype)
-    return y + (h_BxLxR @ self.lora_b[...].astype(dtype)).astype(y.dtype)
+    return y + _low_rank(inputs, self.lora_a, self.lora_b, _compute_dtype(self, y)).astype(y.dtype)
 
 
 class LoraStackedLinear(StackedLinear):
@@ -120,9 +130,7 @@ class LoraStackedLinear(StackedLinear):
 
   def __call__(self, x_BxLxI: jax.Array) -> jax.Array:
     y_BxLxJxO = super().__call__(x_BxLxI)
-    dtype = _compute_dtype(self, y_BxLxJxO)
-    h_BxLxR = (x_BxLxI.astype(dtype) @ self.lora_a[...].astype(dtype)) * jnp.asarray(_scale(self.lora_b), dtype)
-    delta_BxLxJxO = jnp.einsum("...r,rjo->...jo", h_BxLxR, self.lora_b[...].astype(dtype))
+    delta_BxLxJxO = _low_rank(x_BxLxI, self.lora_a, self.lora_b, _compute_dtype(self, y_BxLxJxO))
     return y_BxLxJxO + delta_BxLxJxO.astype(y_BxLxJxO.dtype)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -11,18 +10,19 @@ import jax.numpy as jnp
 from absl import logging
 
 from glmrl import sharding as sharding_lib
+from glmrl.errors import UserError
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
 from glmrl.checkpoint.lock import WorkdirLock
-from glmrl.checkpoint.manager import AR_CONFIG_FILE, DIT_CONFIG_FILE, saved_steps, write_json_atomic
+from glmrl.checkpoint.manager import AR_CONFIG_FILE, DIT_CONFIG_FILE, saved_steps
 from glmrl.logging import run_writer
 from glmrl.logging.progress import Progress, console
 from glmrl.train import evaluate as evaluate_lib
+from glmrl.train import resolved_config
 from glmrl.train import rollout as rollout_lib
 from glmrl.train import setup as setup_lib
 from glmrl.train.watchdog import Watchdog
 
 
-CONFIG_FILE = "config.json"
 
 
 class NonFiniteError(RuntimeError):
@@ -182,6 +182,7 @@ def train(config, workdir: str) -> dict:
 
   Returns {"step", "last" (the last step's scalars), "stopped_by" (signal name or None)}.
   """
+  created = not os.path.isdir(workdir)
   os.makedirs(workdir, exist_ok=True)
   num_steps = config.train.num_steps
   saved = saved_steps(workdir)
@@ -190,17 +191,21 @@ def train(config, workdir: str) -> dict:
                  os.path.join(workdir, "checkpoints"), saved[-1], num_steps)
     return {"step": saved[-1], "last": {}, "stopped_by": None}
   lock = WorkdirLock(workdir)
-  # Until the first step has finished nothing is unsaved: a signal exits at once, also mid-compile.
-  with StopSignal(cleanup=[lock.release], what="nothing new to save (no step finished yet)") as stop, lock:
-    return _train(config, workdir, stop)
+  try:
+    # Until the first step has finished nothing is unsaved: a signal exits at once, also mid-compile.
+    with StopSignal(cleanup=[lock.release], what="nothing new to save (no step finished yet)") as stop, lock:
+      return _train(config, workdir, stop)
+  except UserError:
+    if created and os.path.isdir(workdir) and not os.listdir(workdir):
+      os.rmdir(workdir)  # bad input leaves no trace
+    raise
 
 
 def _train(config, workdir: str, stop: StopSignal) -> dict:
   num_steps = config.train.num_steps
   trainer = Trainer(config, workdir)
   # The resolved config (defaults, file and flags), written once the inputs have passed every check.
-  config_path = os.path.join(workdir, CONFIG_FILE)
-  write_json_atomic(config_path, json.loads(config.to_json_best_effort()))
+  config_path = resolved_config.write(config, workdir)
   # Rows of steps after the restored one are redone by this run: drop them, no duplicates.
   trainer.writer.drop_rows_after(trainer.step_index)
   progress = Progress(num_steps, trainer.step_index)
@@ -214,7 +219,7 @@ def _train(config, workdir: str, stop: StopSignal) -> dict:
       stop.work_in_progress()  # a finished step: a signal now saves it before exiting
       console(progress.line(trainer.step_index, last))
       trainer.save()
-      if config.eval.interval and trainer.step_index % config.eval.interval == 0:
+      if config.eval.interval and trainer.step_index % config.eval.interval == 0 and not stop:
         evaluate_lib.run_eval(trainer.run, trainer.run.sampling_params(), trainer.writer, trainer.step_index)
       if stop:
         stopped_by = stop.received

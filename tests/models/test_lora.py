@@ -10,6 +10,7 @@ adapters-off AR logits are compared bit for bit (np.array_equal); the DiT at ini
 import glmrl  # noqa: F401  (first: disables flax eager sharding)
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -115,6 +116,36 @@ def test_adapter_math_and_gradients_vs_numpy():
   for name, want in want_grads.items():
     assert got_grads[name].shape == want.shape, name
     assert rel_err(got_grads[name][...], want) < REL_TOL, name
+
+
+def test_flattened_adapters_keep_the_batch_split_on_8_chips():
+  """Compiled for v5e-8 from this host (libtpu, fsdp 8): the adapted layers' outputs keep the batch split over
+  the chips and the program all-gathers nothing: flattening [B, L, I] to [B*L, I] inside the adapter moves no
+  activation between chips (only the adapters' gradients are summed over them)."""
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  from glmrl.aot import topology  # pylint: disable=import-outside-toplevel  (libtpu: requirements-compile.txt)
+
+  devices = topology.devices(topology.parse("v5e-8"))
+  mesh = jax.sharding.Mesh(np.array(devices).reshape(1, 8, 1), ("data", "fsdp", "tensor"))
+  model = nnx.eval_shape(lambda: lora.apply_lora(Holder(24, 20, rngs=nnx.Rngs(0)), LoraConfig(4, 8.0, ("proj",
+                                                                                               "stack")), nnx.Rngs(1)))
+  graphdef, adapters, rest = nnx.split(model, LoraParam, ...)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  place = lambda tree: jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated), tree)
+  x = jax.ShapeDtypeStruct((16, 3, 24), jnp.float32, sharding=jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec(sharding.BATCH_AXES)))
+
+  def loss(adapters, rest, x_BxLxI):
+    m = nnx.merge(graphdef, adapters, rest)
+    y_lin, y_stack = m.proj(x_BxLxI), m.stack(x_BxLxI)
+    return jnp.sum(y_lin ** 2) + jnp.sum(y_stack ** 2), (y_lin, y_stack)
+
+  with sharding.use_mesh(mesh):  # the activations' batch constraints, as a run traces its programs
+    compiled = jax.jit(jax.grad(loss, has_aux=True)).lower(place(adapters), place(rest), x).compile()
+  _, (y_lin, y_stack) = compiled.output_shardings
+  for y in (y_lin, y_stack):
+    assert y.spec[0] in (sharding.BATCH_AXES, "fsdp", ("fsdp",)), y.spec
+  assert "all-gather" not in compiled.as_text()
 
 
 def test_adapter_shapes_shardings_and_init():
