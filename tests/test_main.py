@@ -135,7 +135,7 @@ def test_bad_prompt_file_names_file_and_line(tmp_path):
   work = tmp_path / "work"
   result = run_main("--config=configs/demo.py", f"--config.data.prompts_file={prompts}", tmp_path=work)
   assert_one_line_error(result, f"{prompts}:2: bad JSON")
-  assert not os.listdir(work)
+  assert not work.exists()
 
 
 @pytest.mark.parametrize("config,prompts", [("configs/glm_image_t2i.py", "configs/data/demo_prompts.txt"),
