@@ -26,6 +26,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from glmrl.errors import UserError
+from glmrl.thread_errors import quiet_os_errors
 
 AR_CONFIG_FILE = "ar_config.json"
 SOURCE_FILE = "source.json"
@@ -124,6 +125,8 @@ class TrainCheckpointer:
     pipeline folder."""
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     os.makedirs(self.directory, exist_ok=True)
+    # A background write that fails is raised again by the next save or wait (`_surfaced`), as one line.
+    quiet_os_errors("orbax", "a checkpoint write failed in the background: %s")
     # Before anything is written: a mismatch leaves the folder as it was.
     has_steps = bool(saved_steps(workdir))
     for file, record in (adapters or {}).items():

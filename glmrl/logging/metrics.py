@@ -4,8 +4,6 @@ import json
 import math
 import os
 import re
-import threading
-import traceback
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -14,6 +12,7 @@ from absl import logging
 from PIL import Image
 
 from glmrl.logging.images import make_grid
+from glmrl.thread_errors import quiet_os_errors
 
 
 def _to_float(key: str, value: Any) -> float:
@@ -40,25 +39,6 @@ def sample_captions(prompts: Sequence[str], rewards) -> list[str]:
   return [f"{r:.4g} | {p}" for p, r in zip(prompts, rewards)]
 
 
-def _event_writer_errors_as_warnings() -> None:
-  """TensorBoard writes its events from its own thread, where an OSError (a full disk) would print a traceback
-  and end the events unannounced; it becomes one warning line instead. metrics.jsonl keeps every row, and a
-  failing checkpoint save stops the run with its own line."""
-  previous = threading.excepthook
-  if getattr(previous, "glmrl_events", False):
-    return
-
-  def hook(args):
-    frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
-    if issubclass(args.exc_type, OSError) and any("tensorboardX" in f.filename for f in frames):
-      logging.warning("TensorBoard events stopped: %s (metrics.jsonl keeps every row)", args.exc_value)
-      return
-    previous(args)
-
-  hook.glmrl_events = True
-  threading.excepthook = hook
-
-
 class MetricsWriter:
   """Writes scalars and sample grids for a run directory `workdir`.
 
@@ -75,7 +55,7 @@ class MetricsWriter:
     self._jsonl = open(self.metrics_path, "a", encoding="utf-8")
     self._tb = tensorboardX.SummaryWriter(logdir=self.workdir) if tensorboard else None
     if tensorboard:
-      _event_writer_errors_as_warnings()
+      quiet_os_errors("tensorboardX", "TensorBoard events stopped: %s (metrics.jsonl keeps every row)")
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> dict[str, float | None]:
     """Logs floats-convertible scalars for `step`; returns the row written to metrics.jsonl."""
