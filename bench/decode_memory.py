@@ -1,6 +1,6 @@
 """Decoder memory with and without `sampling.decode_batch`: temporaries of the compiled denoise+decode program.
 
-    python bench/decode_memory.py [--size=512 --batches=16,4]
+    python bench/decode_memory.py [--size=512 --batches=16,4 --attention=xla,blocked]
 
 Compiles `glmrl.sampling.decode.denoise_and_decode` for the tiny DiT + VAE on abstract inputs (no weights)
 for each batch size and prints XLA's `memory_analysis()` temporaries: a decoder call on `decode_batch`
@@ -10,6 +10,7 @@ samples needs what one row of this table says.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -44,11 +45,14 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--size", type=int, default=512)
   parser.add_argument("--batches", default="16,4")
+  parser.add_argument("--attention", default="xla", help="DiT attention kernels to compare, e.g. xla,blocked")
   args = parser.parse_args()
-  configs = glm_image.preset_configs("tiny")
-  for batch in (int(b) for b in args.batches.split(",")):
-    print(f"{args.size}^2, {batch} samples per decoder call: {temp_bytes(configs, batch, args.size) / 2**20:.1f} MiB "
-          "temporaries")
+  tiny = glm_image.preset_configs("tiny")
+  for impl in args.attention.split(","):
+    configs = dataclasses.replace(tiny, dit=dataclasses.replace(tiny.dit, attention_impl=impl))
+    for batch in (int(b) for b in args.batches.split(",")):
+      print(f"{args.size}^2, {batch} samples per decoder call, {impl} attention: "
+            f"{temp_bytes(configs, batch, args.size) / 2**20:.1f} MiB temporaries")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ def base_config() -> ml_collections.ConfigDict:
   # more than float32, README "Memory per trained parameter").
   c.model.param_dtype = "float32"  # Trained AR parameters: "float32" or "bfloat16".
   c.model.compute_dtype = "float32"  # Activations / matmuls: "float32" or "bfloat16".
-  c.model.dit_attention = "xla"  # DiT attention kernel: "xla", or "cudnn" (flash attention, NVIDIA GPUs, bf16).
+  # DiT attention kernel: "xla" (all queries' scores at once), "blocked" (512 queries at a time: never the
+  # [B, heads, S, S] scores of 1024^2 images), or "cudnn" (flash attention, NVIDIA GPUs, bf16).
+  c.model.dit_attention = "xla"
   c.model.remat = False  # Rematerialise each AR decoder layer in the backward pass (saves activation memory).
 
   # Low-rank adapters on the AR generator: only the adapters (and their optimizer state) train, the base stays

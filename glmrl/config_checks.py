@@ -94,7 +94,7 @@ RULES: dict[str, Rule] = {
     "model.param_dtype": choice(*DTYPES),
     "model.compute_dtype": choice(*DTYPES),
     "model.remat": BOOL,
-    "model.dit_attention": choice("xla", "cudnn"),
+    "model.dit_attention": choice("xla", "cudnn", "blocked"),
     "lora.rank": integer(0, why="must be >= 0 (0: full fine-tuning)"),
     "lora.alpha": NON_NEGATIVE,
     "lora.targets": Rule(str, _lora_targets_ok, f"must be a preset {sorted(lora_lib.TARGET_PRESETS)} or a valid regex"),

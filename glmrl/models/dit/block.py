@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from glmrl.models.dit.attention import attention
 from glmrl.models.dit.config import DiTConfig
 from glmrl.models.dit.layers import MLP, layer_norm, linear, modulate
 from glmrl.models.dit.rope import apply_rope
@@ -47,8 +47,7 @@ class Attention(nnx.Module):
       k_all = jnp.concatenate([k_cache_BxCxHxD.astype(k_all.dtype), k_all], axis=1)
       v_all = jnp.concatenate([v_cache_BxCxHxD.astype(v_all.dtype), v_all], axis=1)
     mask = None if key_valid_BxK is None else key_valid_BxK[:, None, None, :]
-    o_BxSxHxD = jax.nn.dot_product_attention(q_BxSxHxD, k_all, v_all, mask=mask,
-                                             implementation=cfg.attention_impl)
+    o_BxSxHxD = attention(q_BxSxHxD, k_all, v_all, mask, cfg.attention_impl, cfg.attention_block)
     return self.out(o_BxSxHxD.reshape(b, s, h * d)), (k_BxSxHxD, v_BxSxHxD)
 
 

@@ -27,7 +27,7 @@ _HF_DEFAULTS = dict(
     prior_vq_quantizer_codebook_size=16384,
 )
 
-_VALID_ATTENTION_IMPLS = (None, "xla", "cudnn")
+_VALID_ATTENTION_IMPLS = (None, "xla", "cudnn", "blocked")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,8 @@ class DiTConfig:
 
   `dtype`: compute dtype; `param_dtype`: parameter dtype; `attention_impl`: the
   `implementation` of `jax.nn.dot_product_attention` (None = XLA, "cudnn" = flash
-  attention on NVIDIA GPUs in bf16/fp16); `remat`: rematerialise each block in the
+  attention on NVIDIA GPUs in bf16/fp16) or "blocked" (`attention.query_blocked`, `attention_block`
+  queries at a time); `remat`: rematerialise each block in the
   backward pass. The runtime options are not part of the HF config.
   """
   patch_size: int = 2
@@ -52,6 +53,7 @@ class DiTConfig:
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   attention_impl: str | None = None
+  attention_block: int = 512
   remat: bool = False
 
   def __post_init__(self):
@@ -59,6 +61,8 @@ class DiTConfig:
     # 2D RoPE splits each head into a height and a width half, each rotated in pairs.
     if self.attention_head_dim % 4:
       raise ValueError(f"DiTConfig.attention_head_dim={self.attention_head_dim} must be divisible by 4")
+    if isinstance(self.attention_block, bool) or not isinstance(self.attention_block, int) or self.attention_block < 1:
+      raise ValueError(f"DiTConfig.attention_block={self.attention_block!r} must be a positive int")
     if self.attention_impl not in _VALID_ATTENTION_IMPLS:
       raise ValueError(f"DiTConfig.attention_impl={self.attention_impl!r} must be one of {_VALID_ATTENTION_IMPLS}")
 
