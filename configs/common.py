@@ -17,7 +17,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.compute_dtype = "float32"  # Activations / matmuls: "float32" or "bfloat16".
   # DiT attention kernel: "xla" (all queries' scores at once), "blocked" (512 queries at a time: never the
   # [B, heads, S, S] scores of 1024^2 images), or "cudnn" (flash attention, NVIDIA GPUs, bf16).
-  c.model.dit_attention = "xla"
+  c.model.dit_attention = "xla"  # DiT attention kernel (see above).
   c.model.remat = False  # Rematerialise each AR decoder layer in the backward pass (saves activation memory).
 
   # Low-rank adapters on the AR generator: only the adapters (and their optimizer state) train, the base stays

@@ -30,7 +30,6 @@ def get_config(arg=None):
   c.model.param_dtype = "float32"
   c.model.compute_dtype = "bfloat16"
   c.model.remat = True
-  c.model.dit_attention = "blocked"  # 1024^2: the full scores would be 2.4 GB per sample-layer (float32)
   c.optim.learning_rate = 1e-6
   c.optim.warmup_steps = 10
   c.train.num_steps = 1000
