@@ -22,6 +22,7 @@ from glmrl.grpo import advantages as grpo_advantages
 from glmrl.grpo import loss as grpo_loss
 from glmrl.models import glm_image
 from glmrl.models import lora as lora_lib
+from glmrl.models.dit import attention as dit_attention
 from glmrl.rewards import compose
 
 DTYPES = tuple(glm_image.DTYPES)
@@ -94,7 +95,7 @@ RULES: dict[str, Rule] = {
     "model.param_dtype": choice(*DTYPES),
     "model.compute_dtype": choice(*DTYPES),
     "model.remat": BOOL,
-    "model.dit_attention": choice("xla", "cudnn", "blocked"),
+    "model.dit_attention": choice(*dit_attention.IMPLS),
     "lora.rank": integer(0, why="must be >= 0 (0: full fine-tuning)"),
     "lora.alpha": NON_NEGATIVE,
     "lora.targets": Rule(str, _lora_targets_ok, f"must be a preset {sorted(lora_lib.TARGET_PRESETS)} or a valid regex"),

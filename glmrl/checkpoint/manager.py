@@ -53,15 +53,20 @@ class CheckpointSaveError(UserError):
   """A checkpoint could not be written (a full disk, a folder gone): the run stops, its older steps intact."""
 
 
-def write_json_atomic(path: str, value) -> None:
-  """Writes JSON through a temporary file and a rename, so a reader never sees half a file (process 0
-  of a multi-process run writes the run's records; the others hold the same values)."""
+def write_text_atomic(path: str, text: str) -> None:
+  """Writes through a temporary file and a rename, so a reader never sees half a file (process 0 of a
+  multi-process run writes the run's records; the others hold the same values)."""
   if jax.process_index():
     return
   tmp = f"{path}.tmp"
   with open(tmp, "w") as f:
-    json.dump(value, f, indent=2, sort_keys=True)
+    f.write(text)
   os.replace(tmp, path)
+
+
+def write_json_atomic(path: str, value) -> None:
+  """`value` as indented JSON, by `write_text_atomic`."""
+  write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True))
 
 
 def read_source(directory: str) -> str | None:

@@ -31,7 +31,7 @@ class StopSignal:
     self._previous = {}
     self._immediate = True
     self._mutex = threading.Lock()
-    self._pipe = None
+    self._write_fd = -1
     self._previous_fd = -1
 
   def work_in_progress(self) -> None:
@@ -70,12 +70,11 @@ class StopSignal:
     logging.warning("%s received: saving a checkpoint after the current step, then exiting.", self.received)
 
   def __enter__(self):
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    self._pipe = (read_fd, write_fd)
+    read_fd, self._write_fd = os.pipe()
+    os.set_blocking(self._write_fd, False)
     for sig in self.SIGNALS:
       self._previous[sig] = signal.signal(sig, self._handle)
-    self._previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    self._previous_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
     threading.Thread(target=self._watch, args=(read_fd,), name="stop-signal", daemon=True).start()
     return self
 
@@ -85,7 +84,7 @@ class StopSignal:
     signal.set_wakeup_fd(self._previous_fd)
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
-    os.close(self._pipe[1])  # the watcher reads end-of-file and returns
+    os.close(self._write_fd)  # the watcher reads end-of-file and returns
     return False
 
   def __bool__(self):

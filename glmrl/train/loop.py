@@ -10,10 +10,10 @@ import jax.numpy as jnp
 from absl import logging
 
 from glmrl import sharding as sharding_lib
-from glmrl.errors import UserError
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
 from glmrl.checkpoint.lock import WorkdirLock
 from glmrl.checkpoint.manager import AR_CONFIG_FILE, DIT_CONFIG_FILE, saved_steps
+from glmrl.errors import UserError
 from glmrl.logging import run_writer
 from glmrl.logging.progress import Progress, console
 from glmrl.train import evaluate as evaluate_lib
@@ -21,8 +21,6 @@ from glmrl.train import resolved_config
 from glmrl.train import rollout as rollout_lib
 from glmrl.train import setup as setup_lib
 from glmrl.train.watchdog import Watchdog
-
-
 
 
 class NonFiniteError(RuntimeError):

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-import jax
-
-from glmrl.checkpoint.manager import write_json_atomic
+from glmrl.checkpoint.manager import write_json_atomic, write_text_atomic
 
 JSON_FILE = "config.json"
 PY_FILE = "config.py"
@@ -37,10 +35,6 @@ def write(config, workdir: str) -> str:
   json_path, py_path = os.path.join(workdir, JSON_FILE), os.path.join(workdir, PY_FILE)
   resolved = json.loads(config.to_json_best_effort())
   write_json_atomic(json_path, resolved)
-  if not jax.process_index():
-    tmp = f"{py_path}.tmp"
-    with open(tmp, "w") as f:
-      f.write(_PY_TEMPLATE.format(workdir=os.path.abspath(workdir), path=os.path.abspath(py_path),
-                                  text=json.dumps(resolved, sort_keys=True)))
-    os.replace(tmp, py_path)
+  write_text_atomic(py_path, _PY_TEMPLATE.format(workdir=os.path.abspath(workdir), path=os.path.abspath(py_path),
+                                                 text=json.dumps(resolved, sort_keys=True)))
   return json_path

@@ -3,6 +3,7 @@ import json
 import logging as py_logging
 import os
 import struct
+import threading
 
 import glmrl  # noqa: F401
 import jax.numpy as jnp
@@ -118,8 +119,6 @@ def test_drop_rows_after_a_resumed_step(tmp_path):
 
 def test_a_full_disk_in_tensorboards_thread_is_one_warning(tmp_path, capsys, caplog):
   """tensorboardX writes from its own thread: an OSError there is one warning line, not a traceback."""
-  import threading  # pylint: disable=import-outside-toplevel
-
   namespace = {}
   exec(compile("def write():\n  raise OSError(28, 'No space left on device')\n",  # pylint: disable=exec-used
                "/site-packages/tensorboardX/record_writer.py", "exec"), namespace)

@@ -9,6 +9,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from glmrl.models.config_fields import check_positive_ints
+from glmrl.models.dit import attention
 
 HF_CLASS_NAME = "GlmImageTransformer2DModel"
 
@@ -27,7 +28,7 @@ _HF_DEFAULTS = dict(
     prior_vq_quantizer_codebook_size=16384,
 )
 
-_VALID_ATTENTION_IMPLS = (None, "xla", "cudnn", "blocked")
+_VALID_ATTENTION_IMPLS = (None, *attention.IMPLS)
 
 
 @dataclasses.dataclass(frozen=True)
