@@ -88,9 +88,29 @@ def base_config() -> ml_collections.ConfigDict:
   # decoder.group_size decoder samples (README "Decoder RL"); "ar" alone samples as before.
   c.train.policies = "ar"  # "ar", "decoder" or "ar+decoder".
 
-  # The decoder policy (Flow-GRPO, arXiv:2505.05470), used when train.policies includes "decoder".
+  # The decoder policy, used when train.policies includes "decoder": Flow-GRPO (arXiv:2505.05470: PPO on the SDE
+  # window's Gaussian steps), DiffusionNFT (arXiv:2509.16117: implicit positive/negative policies on the forward
+  # process, clean images of an ODE rollout, sampled by the moving average) or AWM (arXiv:2509.25050: the
+  # flow-matching loss as log-likelihood in a PPO ratio). README "Decoder RL".
   c.decoder = ml_collections.ConfigDict()
+  c.decoder.algorithm = "flow_grpo"  # "flow_grpo", "nft" or "awm".
+  # CFG scale of training rollouts and of the loss's velocities; 1.0 = CFG-free (one DiT pass per step, the RL
+  # distils the guidance); 0 = sampling.guidance_scale. Evaluation and generate keep sampling.guidance_scale.
+  c.decoder.train_guidance = 0.0  # Training CFG scale (see above).
+  c.decoder.train_timesteps = 0  # nft/awm: schedule steps trained per image per update (distinct, random); 0 = all.
+  c.decoder.nft_beta = 1.0  # nft: b in (0, 1], the step from the old policy to the implicit positive/negative ones.
+  c.decoder.awm_weighting = "uniform"  # awm: log-likelihood weight w(sigma): "uniform", "t" (sigma) or "t2".
+  c.decoder.ema_beta = 0.0  # Weight of the velocity KL to the moving average (AWM's anchor); needs ema.every >= 1.
+  # Moving average of the decoder's trained parameters (glmrl/policy/ema.py): nft's old policy (it samples the
+  # rollouts), AWM's anchor; saved in checkpoints. decay_n = min(decay, ramp * n) after step n (ramp 0: decay).
+  c.decoder.ema = ml_collections.ConfigDict()
+  c.decoder.ema.decay = 0.0  # Decay in [0, 1): 0 copies the parameters.
+  c.decoder.ema.every = 0  # Update it after every this many rollout steps; 0 keeps none (nft needs >= 1).
+  c.decoder.ema.ramp = 0.0  # Per-step growth of the decay up to `decay` (DiffusionNFT's 0.001); 0: constant.
   c.decoder.group_size = 4  # Decoder samples per token grid (its advantages compare them), >= 2.
+  # flow_grpo's stochastic step: "sde" (Euler-Maruyama of the flow's SDE) or "cps" (coefficient-preserving: the
+  # step's noise keeps the marginal's data:noise mix exactly; noise_level 0.8 in Flow-GRPO's recipe).
+  c.decoder.sde_type = "sde"  # "sde" or "cps".
   c.decoder.noise_level = 0.7  # The SDE's a: std_t = a sqrt(sigma / (1 - sigma)) (Flow-GRPO's default 0.7).
   c.decoder.train_steps = 10  # Denoising steps of training rollouts; evaluation and generate keep sampling.dit_steps.
   c.decoder.window_size = 2  # Consecutive SDE (trained) steps per rollout; the ODE elsewhere. train_steps: all.

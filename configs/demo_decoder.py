@@ -1,15 +1,24 @@
-"""Embedded decoder-RL demo: Flow-GRPO on the DiT of a tiny random GLM-Image, on a laptop CPU, in minutes.
+"""Embedded decoder-RL demo: RL on the DiT of a tiny random GLM-Image, on a laptop CPU, in minutes.
 
 The AR generator is sampled but not trained (one token grid per prompt); the DiT's adapters learn from
-`decoder.group_size` SDE samples of each grid. `python main.py --config=configs/demo_decoder.py --workdir=DIR`
+`decoder.group_size` samples of each grid. `python main.py --config=configs/demo_decoder.py[:ALGORITHM]
+--workdir=DIR`, ALGORITHM one of
+- (none) or `flow_grpo`: Flow-GRPO on a 2-step SDE window of 4 CFG-guided steps;
+- `cps`: Flow-GRPO's newer recipe: the CPS sampler (noise 0.8) and CFG-free training (one DiT pass per step);
+- `nft`: DiffusionNFT, CFG-free ODE rollouts sampled by the moving average;
+- `awm`: Advantage Weighted Matching, CFG-free ODE rollouts.
 """
 
 from configs import demo
 
 
+ALGORITHMS = ("flow_grpo", "cps", "nft", "awm")
+
+
 def get_config(arg=None):
-  if arg:
-    raise ValueError(f"unknown config argument {arg!r}; this config takes none")
+  algorithm = arg or "flow_grpo"
+  if algorithm not in ALGORITHMS:
+    raise ValueError(f"unknown config argument {arg!r}; this config takes one of {list(ALGORITHMS)} or none")
   c = demo.get_config()
   c.train.policies = "decoder"
   c.train.num_steps = 30
@@ -24,6 +33,15 @@ def get_config(arg=None):
   # The tiny random VAE's brightness hardly moves with its latents; its saturation does (a "detail" reward
   # the decoder can raise on its own, as the report gives the decoder the high-frequency rewards).
   c.decoder.rewards = ({"name": "saturation", "weight": 1.0},)
+  c.decoder.algorithm = "flow_grpo" if algorithm == "cps" else algorithm
+  if algorithm == "cps":
+    c.decoder.sde_type = "cps"
+    c.decoder.noise_level = 0.8
+    c.decoder.train_guidance = 1.0
+  if algorithm in ("nft", "awm"):
+    c.decoder.train_guidance = 1.0  # CFG-free: one DiT pass per step, in the rollout and the update
+    c.decoder.train_timesteps = 2  # of the 4 steps, per image per update
+    c.decoder.ema.every = 1
   c.checkpoint.save_interval = 10
   c.log.image_interval = 10
   return c

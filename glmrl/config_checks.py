@@ -19,7 +19,9 @@ import ml_collections
 from glmrl import rewards as rewards_lib  # registers the built-in rewards
 from glmrl.errors import UserError
 from glmrl.grpo import advantages as grpo_advantages
+from glmrl.grpo import flow as grpo_flow
 from glmrl.grpo import loss as grpo_loss
+from glmrl.grpo import matching as grpo_matching
 from glmrl.models import glm_image
 from glmrl.models import lora as lora_lib
 from glmrl.models.dit import attention as dit_attention
@@ -28,6 +30,7 @@ from glmrl.rewards import compose
 DTYPES = tuple(glm_image.DTYPES)
 POLICIES = ("ar", "decoder", "ar+decoder")
 MODES = ("train", "generate", "eval", "compile")
+DECODER_ALGORITHMS = ("flow_grpo", "nft", "awm")  # glmrl.policy.registry.DECODER_ALGORITHMS' keys
 
 
 class ConfigError(UserError):
@@ -144,6 +147,16 @@ RULES: dict[str, Rule] = {
     "train.micro_batch_size": integer(0, why="must be >= 0 (0 uses the whole batch at once)"),
     "train.max_consecutive_nonfinite": integer(1),
     "train.policies": choice(*POLICIES),
+    "decoder.algorithm": choice(*DECODER_ALGORITHMS),
+    "decoder.train_guidance": NON_NEGATIVE,
+    "decoder.sde_type": choice(*grpo_flow.SDE_TYPES),
+    "decoder.train_timesteps": integer(0, why="must be >= 0 (0: every step of decoder.train_steps)"),
+    "decoder.nft_beta": number(lambda v: 0 < v <= 1, "must be in (0, 1] (DiffusionNFT's b)"),
+    "decoder.awm_weighting": choice(*grpo_matching.AWM_WEIGHTINGS),
+    "decoder.ema_beta": NON_NEGATIVE,
+    "decoder.ema.decay": UNIT_OPEN,
+    "decoder.ema.every": integer(0, why="must be >= 0 (0 keeps no moving average)"),
+    "decoder.ema.ramp": NON_NEGATIVE,
     "decoder.group_size": integer(2, why="must be at least 2 (advantages are relative to the group)"),
     "decoder.noise_level": POSITIVE,
     "decoder.train_steps": integer(1),
@@ -223,6 +236,22 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
          f"must be <= config.decoder.train_steps={steps} (the SDE window lies within the denoising steps)")
   _check(start <= steps - size, "config.decoder.window_start", start,
          f"must be -1 or in [0, {steps - size}] (train_steps - window_size): the window ends within the steps")
+  if values["decoder.sde_type"] == "cps" and values["decoder.algorithm"] == "flow_grpo":
+    _check(size <= steps - 1, "config.decoder.window_size", size,
+           f"must be <= config.decoder.train_steps - 1 = {steps - 1} with decoder.sde_type='cps' (its final step "
+           "has no noise: the window ends before it)")
+    _check(start <= steps - size - 1, "config.decoder.window_start", start,
+           f"must be -1 or in [0, {steps - size - 1}] with decoder.sde_type='cps' (its final step has no noise: "
+           "the window ends before it)")
+  _check(values["decoder.train_timesteps"] <= steps, "config.decoder.train_timesteps",
+         values["decoder.train_timesteps"], f"must be <= config.decoder.train_steps={steps} (distinct steps of the "
+         "rollout's schedule per image)")
+  algorithm, every = values["decoder.algorithm"], values["decoder.ema.every"]
+  _check(algorithm != "nft" or every >= 1, "config.decoder.ema.every", every,
+         "decoder.algorithm='nft' samples with and contrasts against the moving average (its old policy): set it "
+         ">= 1")
+  _check(values["decoder.ema_beta"] == 0 or every >= 1, "config.decoder.ema.every", every,
+         f"config.decoder.ema_beta={values['decoder.ema_beta']} anchors to the moving average: set it >= 1")
   _check(values["data.mode"] == "t2i", "config.data.mode", values["data.mode"],
          f"the decoder policy (config.train.policies={values['train.policies']!r}) trains text-to-image only: its "
          "update does not read the condition images' DiT cache yet")

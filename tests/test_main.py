@@ -85,12 +85,34 @@ def assert_one_line_error(result, message):
     ("--nosuchflag=1", "Unknown command line flag 'nosuchflag'"),
     ("--num_processes=2", "--coordinator_address, --num_processes and --process_id go together"),
     ("extra", "unexpected arguments ['extra']: every setting is a --flag"),
+    ("--config.decoder.algorithm=ppo", "config.decoder.algorithm='ppo': must be one of ['flow_grpo', 'nft', 'awm']"),
+    ("--config.decoder.nft_beta=0", "config.decoder.nft_beta=0.0: must be in (0, 1]"),
+    ("--config.decoder.ema.decay=1.0", "config.decoder.ema.decay=1.0: must be in [0, 1)"),
+    ("--config.decoder.sde_type=ode", "config.decoder.sde_type='ode': must be one of ['sde', 'cps']"),
 ])
 def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_path):
   work = tmp_path / "work"
   result = run_main("--config=configs/demo.py", override, tmp_path=work)
   assert_one_line_error(result, message)
   assert not work.exists()  # nothing was started, not even the folder
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--config.decoder.algorithm=nft", "--config.decoder.ema.every=0"),
+     "config.decoder.ema.every=0: decoder.algorithm='nft' samples with and contrasts against the moving average"),
+    (("--config.decoder.ema_beta=0.1",), "config.decoder.ema.every=0: config.decoder.ema_beta=0.1 anchors to the "
+                                         "moving average"),
+    (("--config.decoder.algorithm=awm", "--config.decoder.train_timesteps=5"),
+     "config.decoder.train_timesteps=5: must be <= config.decoder.train_steps=4"),
+    (("--config.decoder.sde_type=cps", "--config.decoder.window_start=2"),
+     "config.decoder.window_start=2: must be -1 or in [0, 1] with decoder.sde_type='cps'"),
+    (("--config.decoder.window_start=3",), "config.decoder.window_start=3: must be -1 or in [0, 2]"),
+])
+def test_bad_decoder_settings_fail_in_one_line_before_any_work(flags, message, tmp_path):
+  work = tmp_path / "work"
+  result = run_main("--config=configs/demo_decoder.py", *flags, tmp_path=work)
+  assert_one_line_error(result, message)
+  assert not work.exists()
 
 
 @pytest.mark.parametrize("config_text,arg,message", [

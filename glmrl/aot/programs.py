@@ -25,6 +25,7 @@ from glmrl.models.ar.prompt import GenerationLayout
 from glmrl.models.glyph import tokenize_glyph_texts
 from glmrl.policy import ar as ar_policy
 from glmrl.policy import decoder as decoder_policy
+from glmrl.policy import decoder_matching
 from glmrl.policy import registry
 from glmrl.policy.state import build_state, placed
 from glmrl.rewards import RewardComposer
@@ -147,8 +148,8 @@ def _conditioning(run: AbstractRun, rows: int) -> decode.Conditioning:
 
 
 def rollout_steps(run: AbstractRun) -> int:
-  """Denoising steps of a training rollout: decoder.train_steps with an SDE window, else sampling.dit_steps."""
-  return run.config.decoder.train_steps if run.request.sde else run.config.sampling.dit_steps
+  """Denoising steps of a training rollout: decoder.train_steps when the decoder trains, else sampling.dit_steps."""
+  return run.config.decoder.train_steps if run.request.sde or run.request.clean else run.config.sampling.dit_steps
 
 
 def decoder(run: AbstractRun) -> Program:
@@ -168,13 +169,14 @@ def decoder(run: AbstractRun) -> Program:
     key = jax.ShapeDtypeStruct((chunk,), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                                sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
                                    sharding_lib.BATCH_AXES)))
-    sde = (decode.SdeWindow(float(cfg.decoder.noise_level), cfg.decoder.window_size), key,
+    sde = (decode.SdeWindow(float(cfg.decoder.noise_level), cfg.decoder.window_size, cfg.decoder.sde_type), key,
            replicated(mesh, (), jnp.int32))
   lowered = decode.denoise_and_decode.lower(
       dit_def, dit_state, vae_def, vae_state, _conditioning(run, chunk),
       batch_array(mesh, (chunk, *run.latent_shape), jnp.float32),
       replicated(mesh, sched.model_timesteps.shape, jnp.float32), replicated(mesh, sched.sigmas.shape, jnp.float32),
-      float(cfg.sampling.guidance_scale), batch_array(mesh, (chunk, 2), jnp.float32),
+      decoder_policy.train_guidance(cfg) if run.request.sde or run.request.clean else float(
+          cfg.sampling.guidance_scale), batch_array(mesh, (chunk, 2), jnp.float32),
       batch_array(mesh, (chunk, 2), jnp.float32), None, *sde)
   return Program("decoder", lowered, (dit_state, vae_state))
 
@@ -183,7 +185,7 @@ def rewards(run: AbstractRun, policy: str) -> Program | str:
   """The on-device scoring (pure-JAX rewards, the weighted sum) of a batch by `policy`'s rewards; a reason
   string when they cannot be built abstractly (model-backed ones load weights from disk)."""
   cfg, mesh, b = run.config, run.mesh, run.images
-  config_entries, group = registry.POLICIES[policy].rewards(cfg, run.request)
+  config_entries, group = registry.policy(policy, cfg).rewards(cfg, run.request)
   entries = [dict(e.to_dict() if hasattr(e, "to_dict") else e) for e in config_entries]
   backed = [e["name"] for e in entries if reward_registry.get(e["name"]).model_backed]
   if backed:
@@ -210,8 +212,20 @@ def _ar_batch(run: AbstractRun) -> tuple:
 
 
 def _decoder_batch(run: AbstractRun) -> tuple:
-  """(update shape, abstract batch) of the decoder policy's update: the SDE window's steps of every image."""
+  """(update shape, abstract batch) of the decoder policy's update: the SDE window's steps of every image
+  (Flow-GRPO), or its clean latents and trained slots (DiffusionNFT, AWM)."""
   mesh, b = run.mesh, run.images
+  if run.request.clean:
+    slots = decoder_matching.train_timesteps(run.config)
+    per_slot = batch_array(mesh, (b, slots), jnp.float32)
+    key = jax.ShapeDtypeStruct((b,), jax.eval_shape(lambda: jax.random.key(0)).dtype,
+                               sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+                                   sharding_lib.BATCH_AXES)))
+    return (b,), decoder_matching.MatchingRollout(
+        cond=_conditioning(run, b), target_size=batch_array(mesh, (b, 2), jnp.float32),
+        crop=batch_array(mesh, (b, 2), jnp.float32), x0=batch_array(mesh, (b, *run.latent_shape), jnp.float32),
+        noise_keys=key, timesteps=per_slot, sigmas=per_slot, old_logp=per_slot,
+        advantages=batch_array(mesh, (b,), jnp.float32), mask=per_slot)
   steps = run.config.decoder.window_size
   per_step = batch_array(mesh, (b, steps), jnp.float32)
   latents = batch_array(mesh, (b, steps, *run.latent_shape), jnp.float32)
@@ -234,11 +248,12 @@ def update(run: AbstractRun, policy: str) -> Program:
   accumulated over micro-batches (x steps), AdamW (with master weights for bfloat16 parameters)."""
   state = run.states[policy]
   shape, batch = _BATCHES[policy](run)
-  fn = registry.POLICIES[policy].make_update(state, run.config, shape)
-  lowered = fn.lower(state.trainable, state.frozen, state.opt_state, batch, state.reference,
+  trained = registry.policy(policy, run.config)
+  fn = trained.make_update(state, run.config, shape)
+  lowered = fn.lower(state.trainable, state.frozen, state.opt_state, batch, trained.anchors(state),
                      replicated(run.mesh, (), jnp.bool_))
-  resident = (state.trainable, state.frozen, state.opt_state) + (
-      (state.reference,) if state.reference is not None else ())
+  resident = (state.trainable, state.frozen, state.opt_state) + tuple(
+      x for x in (state.reference, state.ema) if x is not None)
   return Program(PROGRAM_NAMES[policy][1], lowered, resident)
 
 

@@ -14,6 +14,8 @@ import math
 import jax
 import numpy as np
 
+from glmrl.policy import decoder as decoder_policy
+from glmrl.policy import decoder_matching
 from glmrl.policy import registry
 
 MFU_ASSUMPTION = 0.4  # model FLOPs utilisation assumed for the step-time estimate
@@ -38,7 +40,8 @@ def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> d
   T tokens (image patches and glyph tokens). The VAE decode (convolutions) is left out. With the decoder
   policy, the rollout denoises `decoder.train_steps` steps of every image, and its update runs per trained
   step and image the guided forward and a backward of 2x it (2x more with weight gradients of the whole DiT),
-  plus the reference's forward when decoder.beta > 0.
+  plus the reference's forward when decoder.beta > 0 (and the moving average's for nft); at
+  decoder.train_guidance 1.0 the rollout and the update run one branch.
   """
   policies = registry.trained(config)
   request = registry.rollout_request(config)
@@ -49,17 +52,28 @@ def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> d
   ar_forward = rows * (2 * ar_params * s + 2 * text.num_hidden_layers * s * s * text.hidden_size)
   t = (config.data.height // 16) * (config.data.width // 16) + config.data.max_glyph_tokens
   dit_width = dit.num_attention_heads * dit.attention_head_dim
-  guided = 2 * (2 * dit_params * t + 4 * dit.num_layers * t * t * dit_width)  # one image, one step, both branches
-  steps = config.decoder.train_steps if request.sde else config.sampling.dit_steps
-  out = {"ar_sampler": float(ar_forward), "decoder": float(images * steps * guided)}
+  one_pass = 2 * dit_params * t + 4 * dit.num_layers * t * t * dit_width  # one image, one step, one branch
+  guided = 2 * one_pass  # both CFG branches
+  trains_decoder = request.sde or request.clean
+  steps = config.decoder.train_steps if trains_decoder else config.sampling.dit_steps
+  # A training rollout at decoder.train_guidance 1.0 runs the conditional branch alone.
+  rollout_pass = one_pass if trains_decoder and decoder_policy.train_guidance(config) == 1.0 else guided
+  out = {"ar_sampler": float(ar_forward), "decoder": float(images * steps * rollout_pass)}
   if "ar" in policies:
     settings = policies["ar"].settings(config)
     out["update"] = float(settings.num_iterations * ar_forward * ((2 if config.model.remat else 1) +
                                                                   (2 if settings.lora.enabled else 4)))
   if "decoder" in policies:
     settings = policies["decoder"].settings(config)
-    passes = 1 + (2 if settings.lora.enabled else 4) + (1 if settings.beta > 0 else 0)
-    out["decoder_update"] = float(settings.num_iterations * images * config.decoder.window_size * guided * passes)
+    train_pass = one_pass if decoder_policy.train_guidance(config) == 1.0 else guided
+    algorithm = config.decoder.algorithm
+    # Forward + backward (2x, 4x with the whole DiT's weight gradients), the reference's forward under a KL,
+    # and for nft (or an EMA anchor) the moving average's forward.
+    passes = 1 + (2 if settings.lora.enabled else 4) + (1 if settings.beta > 0 else 0) + (
+        1 if algorithm == "nft" or config.decoder.ema_beta > 0 else 0)
+    trained_steps = config.decoder.window_size if algorithm == "flow_grpo" else decoder_matching.train_timesteps(
+        config)
+    out["decoder_update"] = float(settings.num_iterations * images * trained_steps * train_pass * passes)
   return out
 
 

@@ -36,6 +36,7 @@ LORA_FILE = "lora.json"
 # whose settings and base are recorded in decoder_lora.json (the same record as lora.json).
 DECODER_PARAMS = "decoder_params"
 DECODER_OPT_STATE = "decoder_opt_state"
+DECODER_EMA = "decoder_ema"  # the moving average of the decoder's trained parameters, when the run keeps one
 DECODER_LORA_FILE = "decoder_lora.json"
 # The trained DiT's diffusers `transformer/config.json` dict (`DiTConfig.to_hf()`): the export writes the
 # trained DiT with it when the run has no source folder to take transformer/config.json from.

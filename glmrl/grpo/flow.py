@@ -148,6 +148,49 @@ def sde_step_mean(x, v, sigma, sigma_next, noise_level, sigma_guard=None):
   return x32 + dt_b * drift, step_std
 
 
+SDE_TYPES = ("sde", "cps")
+
+
+def cps_step_mean(x, v, sigma, sigma_next, noise_level):
+  """(mu, step_std) of one step of Flow-CPS, the coefficient-preserving sampler of Flow-GRPO's newer recipe
+  (`sde_type='cps'`, flow_grpo/diffusers_patch/sd3_sde_with_logprob.py):
+
+    step_std = sigma' sin(a pi / 2),   x0^ = x - sigma v,   x1^ = x + (1 - sigma) v,
+    mu       = (1 - sigma') x0^ + sqrt(sigma'^2 - step_std^2) x1^
+
+  The next latent mu + step_std eps then holds exactly the (1 - sigma') : sigma' mix of data and noise the
+  flow's marginal has at sigma' (the predicted noise and the fresh one add in quadrature), where the SDE of
+  `sde_step_mean` only approximates it. Its noise vanishes at sigma' = 0: a window must not hold the final step.
+
+  Departure: the reference's log-prob drops the Gaussian's normalisation (-mean((x' - mu)^2), the log-density
+  times 2 step_std^2 up to a constant); `sde_logprob` keeps the density, so the PPO ratio is the likelihood
+  ratio of the step, on the same per-element scale as the SDE's.
+  """
+  x, v = jnp.asarray(x), jnp.asarray(v)
+  same_shape("v", v, "x", x)
+  _latent_axes(x)
+  f32 = jnp.float32
+  x32, v32 = x.astype(f32), v.astype(f32)
+  a = jnp.asarray(noise_level, f32)
+  sigma_next32 = jnp.asarray(sigma_next, f32)
+  step_std = sigma_next32 * jnp.sin(a * (jnp.pi / 2))
+  sigma_b = _per_sample("sigma", sigma, x)
+  next_b = _per_sample("sigma_next", sigma_next32, x)
+  std_b = _per_sample("step_std", step_std, x)
+  mu = (x32 - sigma_b * v32) * (1.0 - next_b) + (x32 + (1.0 - sigma_b) * v32) * jnp.sqrt(
+      jnp.square(next_b) - jnp.square(std_b))
+  return mu, step_std
+
+
+def step_mean(sde_type: str, x, v, sigma, sigma_next, noise_level):
+  """(mu, step_std) of one stochastic step of `sde_type` ("sde": `sde_step_mean`, "cps": `cps_step_mean`)."""
+  if sde_type == "cps":
+    return cps_step_mean(x, v, sigma, sigma_next, noise_level)
+  if sde_type != "sde":
+    raise ValueError(f"sde_type={sde_type!r} is not one of {list(SDE_TYPES)}")
+  return sde_step_mean(x, v, sigma, sigma_next, noise_level)
+
+
 def sde_logprob(x_next, mu, step_std):
   """[B] log N(x_next; mu, step_std^2 I) averaged, not summed, over the latent (non-batch) dims.
 
@@ -186,7 +229,7 @@ def sde_logprob(x_next, mu, step_std):
   return jnp.where(std_B > 0, logp_B, jnp.nan)
 
 
-def sde_step(x, v, sigma, sigma_next, noise_level, eps, sigma_guard=None):
+def sde_step(x, v, sigma, sigma_next, noise_level, eps, sigma_guard=None, sde_type: str = "sde"):
   """(x_next, logp): one SDE sampling step and the [B] log-prob of the step actually taken.
 
   x_next = mu + step_std * eps (`sde_step_mean`), rounded to v's dtype as `euler_step` rounds its
@@ -204,13 +247,17 @@ def sde_step(x, v, sigma, sigma_next, noise_level, eps, sigma_guard=None):
     x: latents [B, ...]; v: the (CFG-guided) velocity, x's shape.
     sigma, sigma_next, noise_level, sigma_guard: as in `sde_std`.
     eps: standard normal noise of x's shape (any float dtype; cast to float32).
+    sde_type: "sde" (above) or "cps" (`cps_step_mean`'s mean and std; sigma_guard unused).
 
   Returns:
     x_next [B, ...] in v's dtype, logp [B] float32.
   """
   x, v, eps = jnp.asarray(x), jnp.asarray(v), jnp.asarray(eps)
   same_shape("eps", eps, "x", x)
-  mu, step_std = sde_step_mean(x, v, sigma, sigma_next, noise_level, sigma_guard)
+  if sde_type == "sde":
+    mu, step_std = sde_step_mean(x, v, sigma, sigma_next, noise_level, sigma_guard)
+  else:
+    mu, step_std = step_mean(sde_type, x, v, sigma, sigma_next, noise_level)
   if is_static(noise_level) and noise_level == 0:
     x_next = mu.astype(v.dtype)
   else:

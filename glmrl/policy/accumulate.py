@@ -43,11 +43,18 @@ def merge_micro(x_MxBxN):
   return jnp.moveaxis(x_MxBxN, 0, 1).reshape(-1, x_MxBxN.shape[-1])
 
 
-def init(params, mean_stats: tuple[str, ...]):
-  """The empty carry of `add`: (float32 zero gradients, statistics)."""
+# Metric names of the statistics a loss may report (masked means, `add`'s `mean_stats`).
+MEAN_METRICS = {"ratio_mean": "ratio/mean", "clip_frac_low": "clip/low_frac", "clip_frac_high": "clip/high_frac",
+                "kl_mean": "kl", "ema_kl_mean": "ema_kl", "old_deviation": "old_deviation"}
+
+
+def init(params, mean_stats: tuple[str, ...], ratio: bool = True):
+  """The empty carry of `add`: (float32 zero gradients, statistics). `ratio`: the loss has an importance ratio
+  whose extremes are kept (a likelihood-free loss has none)."""
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
   stats = {k: jnp.zeros((), jnp.float32) for k in mean_stats + ("numerator", "denominator")}
-  stats.update(ratio_min=jnp.array(jnp.inf, jnp.float32), ratio_max=jnp.array(-jnp.inf, jnp.float32))
+  if ratio:
+    stats.update(ratio_min=jnp.array(jnp.inf, jnp.float32), ratio_max=jnp.array(-jnp.inf, jnp.float32))
   return zeros, stats
 
 
@@ -57,10 +64,11 @@ def add(carry, grads, aux: dict, weight, mean_stats: tuple[str, ...]):
   extremes kept."""
   grads_acc, stats = carry
   new_stats = {k: stats[k] + aux[k] * weight for k in mean_stats}
-  new_stats.update(
-      numerator=stats["numerator"] + aux["numerator"], denominator=stats["denominator"] + aux["denominator"],
-      ratio_min=jnp.minimum(stats["ratio_min"], aux["ratio_min"]),
-      ratio_max=jnp.maximum(stats["ratio_max"], aux["ratio_max"]))
+  new_stats.update(numerator=stats["numerator"] + aux["numerator"],
+                   denominator=stats["denominator"] + aux["denominator"])
+  if "ratio_min" in stats:
+    new_stats.update(ratio_min=jnp.minimum(stats["ratio_min"], aux["ratio_min"]),
+                     ratio_max=jnp.maximum(stats["ratio_max"], aux["ratio_max"]))
   return jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads), new_stats
 
 
@@ -69,7 +77,7 @@ def apply(tx, schedule, params, opt_state, grads_sum, stats, count):
 
   grads = grads_sum / sum(denominator) (the full-batch gradient); a non-finite loss or gradient leaves
   params and optimizer state untouched and reports `skipped = 1`. The statistics' masked means
-  (`ratio_mean`, `clip_frac_*`, `kl_mean`, summed weighted by their counts) are divided by `count`.
+  (`MEAN_METRICS`, summed weighted by their counts) are divided by `count`.
   """
   denominator = jnp.maximum(stats["denominator"], 1e-30)
   grads = jax.tree.map(lambda g: g / denominator, grads_sum)
@@ -84,13 +92,10 @@ def apply(tx, schedule, params, opt_state, grads_sum, stats, count):
       "skipped": 1.0 - finite.astype(jnp.float32),
       # The learning rate this update used (the schedule's own update counter).
       "learning_rate": schedule(optimizer_lib.update_count(opt_state)),
-      "ratio/mean": stats["ratio_mean"] / count,
-      "ratio/min": stats["ratio_min"],
-      "ratio/max": stats["ratio_max"],
-      "clip/low_frac": stats["clip_frac_low"] / count,
-      "clip/high_frac": stats["clip_frac_high"] / count,
-      "kl": stats["kl_mean"] / count,
   }
+  metrics.update({name: stats[k] / count for k, name in MEAN_METRICS.items() if k in stats})
+  if "ratio_min" in stats:
+    metrics.update({"ratio/min": stats["ratio_min"], "ratio/max": stats["ratio_max"]})
   return new_params, new_opt_state, metrics
 
 

@@ -184,7 +184,7 @@ class ArPolicy:
   """GRPO on the AR generator's tokens (`glmrl.policy.base.Policy`): groups of token grids per prompt."""
   name = "ar"
   component = "ar"
-  params_item, opt_item = "params", "opt_state"
+  params_item, opt_item, ema_item = "params", "opt_state", "ema"
   adapters_file = LORA_FILE
   lora_section = "config.lora"
   salt = 0x10FA
@@ -237,6 +237,12 @@ class ArPolicy:
     old_logp, ref_logp = outputs
     return batch.replace(old_logp=old_logp, ref_logp=ref_logp), logprob_metrics(
         batch.sampler_logp, old_logp, forced_end=bool(config.sampling.constrain_to_codebook))
+
+  def anchors(self, state):
+    return state.reference
+
+  def rollout_trainable(self, state):
+    return state.trainable
 
 
 POLICY = ArPolicy()

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Protocol
 
 from glmrl.models import lora as lora_lib
+from glmrl.policy.ema import EmaSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +24,7 @@ class Settings:
   num_iterations: int      # updates per rollout
   beta: float              # KL weight (> 0: a reference policy is kept)
   micro_batch_size: int    # rows per micro-batch of its update (0: the whole batch)
+  ema: EmaSettings = EmaSettings()  # the moving average of its trained parameters (off by default)
 
 
 def lora_alpha(section) -> float:
@@ -32,10 +34,12 @@ def lora_alpha(section) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-  """The rollout a policy asks for: token grids per prompt, decoder samples per grid, an SDE window."""
+  """The rollout a policy asks for: token grids per prompt, decoder samples per grid, an SDE window (Flow-GRPO)
+  or the clean latents of an ODE rollout (DiffusionNFT, AWM) under the decoder's training steps and guidance."""
   grids_per_prompt: int = 1
   samples_per_grid: int = 1
   sde: bool = False
+  clean: bool = False
 
   @property
   def images_per_prompt(self) -> int:
@@ -44,7 +48,8 @@ class Request:
   def __or__(self, other: "Request") -> "Request":
     """One rollout serving both requests (each policy asks for its own axis)."""
     return Request(max(self.grids_per_prompt, other.grids_per_prompt),
-                   max(self.samples_per_grid, other.samples_per_grid), self.sde or other.sde)
+                   max(self.samples_per_grid, other.samples_per_grid), self.sde or other.sde,
+                   self.clean or other.clean)
 
 
 class Policy(Protocol):
@@ -53,6 +58,7 @@ class Policy(Protocol):
   component: str       # the pipeline model it trains ("ar" | "dit")
   params_item: str     # checkpoint items of its trained parameters and optimizer state
   opt_item: str
+  ema_item: str        # checkpoint item of its moving average (saved when its settings keep one)
   adapters_file: str   # checkpoint record of its LoRA adapters and their base
   lora_section: str    # its LoRA settings' config path, for messages
   salt: int            # separates its adapters' initial A from other models' drawn from one seed
@@ -86,3 +92,10 @@ class Policy(Protocol):
 
   def after_first(self, batch, outputs, config) -> tuple[Any, dict]:
     """(batch with the first update's learner log-probs, diagnostics of them) for the later iterations."""
+
+  def anchors(self, state):
+    """What its update holds fixed besides the batch (its `reference` argument): the KL reference, and for
+    DiffusionNFT and AWM the moving average too."""
+
+  def rollout_trainable(self, state):
+    """The trained state its rollouts sample with: its parameters, or (DiffusionNFT) their moving average."""

@@ -1,4 +1,5 @@
-"""The decoder (DiT) policy: Flow-GRPO on the SDE window of its denoising steps. Its rollout batch, its spec,
+"""The decoder (DiT) policy: Flow-GRPO on the SDE window of its denoising steps (config.decoder.algorithm
+'flow_grpo'; the likelihood-free algorithms are `decoder_matching.py`). Its rollout batch, its spec,
 its update (one jitted function over the trained timesteps) and the `Policy` object the run calls (`POLICY`).
 
 The policy of one SDE step is the Gaussian of `glmrl.grpo.flow`; its mean comes from the CFG-guided
@@ -23,10 +24,11 @@ import optax
 from flax import nnx
 from flax import struct
 
-from glmrl.checkpoint.manager import DECODER_LORA_FILE, DECODER_OPT_STATE, DECODER_PARAMS
+from glmrl.checkpoint.manager import DECODER_EMA, DECODER_LORA_FILE, DECODER_OPT_STATE, DECODER_PARAMS
 from glmrl.grpo import flow
 from glmrl.models import lora as lora_lib
 from glmrl.policy import accumulate
+from glmrl.policy import ema as ema_lib
 from glmrl.policy.base import Request, Settings, lora_alpha
 from glmrl.sampling import decode
 
@@ -77,6 +79,7 @@ class DecoderSpec:
   micro_batches: int
   # The KL reference: "params" (a copy of the initial DiT, `ref_params`) or "adapters_off" (DiT LoRA).
   reference: str = "params"
+  sde_type: str = "sde"  # the stochastic step: "sde" or "cps" (`glmrl.grpo.flow.step_mean`)
 
 
 def step_mean(graphdef, params, frozen, mb: DecoderRollout, window: Window, w, spec: DecoderSpec):
@@ -85,7 +88,7 @@ def step_mean(graphdef, params, frozen, mb: DecoderRollout, window: Window, w, s
   dit = nnx.merge(graphdef, params, frozen, copy=True)
   x = mb.latents_before[:, w]
   v = decode.guided_velocity(dit, mb.cond, x, window.timesteps[w], spec.guidance_scale, mb.target_size, mb.crop)
-  return flow.sde_step_mean(x, v, window.sigmas[w], window.sigmas_next[w], spec.noise_level)
+  return flow.step_mean(spec.sde_type, x, v, window.sigmas[w], window.sigmas_next[w], spec.noise_level)
 
 
 def step_logprob(graphdef, params, frozen, mb: DecoderRollout, window: Window, w, spec: DecoderSpec):
@@ -148,29 +151,46 @@ def update(graphdef, params, frozen, opt_state, batch: DecoderBatch, ref_params=
   return new_params, new_opt_state, metrics, old_logp
 
 
+def train_guidance(config) -> float:
+  """The CFG scale of the decoder's training rollouts and loss: config.decoder.train_guidance, unset (0) the
+  sampling scale; 1.0 is CFG-free (one DiT pass per step)."""
+  return float(config.decoder.train_guidance or config.sampling.guidance_scale)
+
+
+def micro_batches(config, images: int) -> int:
+  return images // (POLICY.settings(config).micro_batch_size or images)
+
+
 def decoder_spec(config, images: int) -> DecoderSpec:
   """The static description of the run's decoder update on `images` rows."""
   d, settings = config.decoder, POLICY.settings(config)
   return DecoderSpec(
-      noise_level=float(d.noise_level), guidance_scale=float(config.sampling.guidance_scale),
+      noise_level=float(d.noise_level), guidance_scale=train_guidance(config),
       clip_range=float(d.clip_range), adv_clip_max=float(d.adv_clip_max), beta=settings.beta,
-      micro_batches=images // (settings.micro_batch_size or images),
-      reference="adapters_off" if settings.lora.enabled else "params")
+      micro_batches=micro_batches(config, images),
+      reference="adapters_off" if settings.lora.enabled else "params", sde_type=d.sde_type)
+
+
+def last_window_start(config) -> int:
+  """The last step an SDE window may start at: it lies within the steps, and a CPS window (whose final step has
+  no noise: sigma' = 0) ends before the final step."""
+  d = config.decoder
+  return d.train_steps - d.window_size - (1 if d.sde_type == "cps" else 0)
 
 
 def window_start(config, key):
-  """The SDE window's first step: config.decoder.window_start, or -1: uniform over the steps it fits."""
+  """The SDE window's first step: config.decoder.window_start, or -1: uniform over [0, last_window_start]."""
   d = config.decoder
   if d.window_start >= 0:
     return jnp.asarray(d.window_start, jnp.int32)
-  return jax.random.randint(key, (), 0, d.train_steps - d.window_size + 1, jnp.int32)
+  return jax.random.randint(key, (), 0, last_window_start(config) + 1, jnp.int32)
 
 
 class DecoderPolicy:
   """Flow-GRPO on the DiT (`glmrl.policy.base.Policy`): groups of one token grid's SDE samples."""
   name = "decoder"
   component = "dit"
-  params_item, opt_item = DECODER_PARAMS, DECODER_OPT_STATE
+  params_item, opt_item, ema_item = DECODER_PARAMS, DECODER_OPT_STATE, DECODER_EMA
   adapters_file = DECODER_LORA_FILE
   lora_section = "config.decoder.lora"
   salt = 0xD17
@@ -192,7 +212,8 @@ class DecoderPolicy:
                     lora=lora_lib.LoraConfig(rank=d.lora.rank, alpha=lora_alpha(d.lora),
                                              targets=lora_lib.target_patterns(d.lora.targets)),
                     optim=d.optim, num_iterations=d.num_iterations, beta=float(d.beta),
-                    micro_batch_size=d.micro_batch_size)
+                    micro_batch_size=d.micro_batch_size,
+                    ema=ema_lib.EmaSettings(decay=float(d.ema.decay), every=d.ema.every, ramp=float(d.ema.ramp)))
 
   def request(self, config) -> Request:
     return Request(samples_per_grid=config.decoder.group_size, sde=True)
@@ -224,6 +245,12 @@ class DecoderPolicy:
     # The sampler's log-probs vs the learner's of the same steps: one guided velocity function, two programs.
     metrics = {"logprob/sampler_vs_recomputed_max_abs": jnp.max(jnp.abs(rollout.sampler_logp - outputs))}
     return batch.replace(rollout=rollout.replace(old_logp=outputs)), metrics
+
+  def anchors(self, state):
+    return state.reference
+
+  def rollout_trainable(self, state):
+    return state.trainable
 
 
 POLICY = DecoderPolicy()

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import functools
 
-from glmrl.policy import ar, decoder
+from glmrl.policy import ar, decoder, decoder_matching
 from glmrl.policy.base import Policy, Request
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (ar.POLICY, decoder.POLICY)}
+# config.decoder.algorithm -> the decoder policy that implements it.
+DECODER_ALGORITHMS: dict[str, Policy] = {"flow_grpo": decoder.POLICY, "nft": decoder_matching.NFT,
+                                         "awm": decoder_matching.AWM}
+
+
+def policy(name: str, config) -> Policy:
+  """The policy `name` ("ar" | "decoder") of the run: the decoder's is its `config.decoder.algorithm`."""
+  return ar.POLICY if name == "ar" else DECODER_ALGORITHMS[config.decoder.algorithm]
 
 
 def trained(config) -> dict[str, Policy]:
   """The run's trained policies by name, in `config.train.policies`' order ("ar", "decoder", "ar+decoder")."""
-  return {name: POLICIES[name] for name in config.train.policies.split("+")}
+  return {name: policy(name, config) for name in config.train.policies.split("+")}
 
 
 def rollout_request(config) -> Request:

@@ -22,6 +22,7 @@ from glmrl import sharding as sharding_lib
 from glmrl.checkpoint.fingerprint import fingerprint
 from glmrl.models import lora as lora_lib
 from glmrl.policy import accumulate
+from glmrl.policy import ema as ema_lib
 from glmrl.policy import optimizer as optimizer_lib
 from glmrl.policy.base import Policy
 
@@ -32,8 +33,9 @@ class PolicyState:
 
   `trainable`: the adapters (LoRA) or the trained parameters; `frozen`: the rest of the model (the base
   under LoRA). `reference`: a copy of the initial `trainable` when the KL term needs one and the policy
-  has no adapters to switch off (None otherwise). The Trainer replaces `trainable` and `opt_state` after
-  each update (the update donates them).
+  has no adapters to switch off (None otherwise). `ema`: the float32 moving average of `trainable` when its
+  settings keep one (`glmrl.policy.ema`; None otherwise). The Trainer replaces `trainable` and `opt_state`
+  after each update (the update donates them), and `ema` after each step it is due.
   """
   policy: Policy
   graphdef: object
@@ -44,6 +46,8 @@ class PolicyState:
   schedule: object = None
   opt_state: object = None
   reference: nnx.State | None = None
+  ema: nnx.State | None = None
+  ema_settings: ema_lib.EmaSettings = ema_lib.EmaSettings()
 
   @property
   def name(self) -> str:
@@ -71,6 +75,15 @@ class PolicyState:
     shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
     return accumulate.jit_update(update, self.graphdef, spec=spec, tx=self.tx, schedule=self.schedule,
                                  param_shardings=shardings(self.trainable), opt_shardings=shardings(self.opt_state))
+
+  def ema_params(self) -> nnx.State:
+    """The moving average in the trained parameters' dtypes (what a model runs with)."""
+    return ema_lib.as_params(self.ema, self.trainable)
+
+  def update_ema(self, step: int) -> None:
+    """Folds the current parameters into the moving average after rollout step `step` (1-based) when due."""
+    if self.ema is not None and self.ema_settings.due(step):
+      self.ema = ema_lib.update(self.ema, self.trainable, self.ema_settings.decay_at(step))
 
   def adapters_record(self, config) -> dict | None:
     """What a LoRA policy's checkpoints record of its adapters and their base (`check_adapters`); None
@@ -128,6 +141,10 @@ def build_state(policy: Policy, config, model: tuple, mesh, *, abstract: bool = 
   # none (the update turns the adapters off instead: no second copy of any weight).
   if settings.beta > 0 and not lora.enabled:
     out.reference = trainable if abstract else jax.tree.map(jnp.copy, trainable)
+  if settings.ema.enabled:
+    out.ema_settings = settings.ema
+    out.ema = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=a.sharding),
+                           trainable) if abstract else ema_lib.init(trainable)
   return out
 
 

@@ -18,6 +18,7 @@ from flax import nnx
 from flax import struct
 
 from glmrl.grpo import flow
+from glmrl.grpo._checks import is_static
 from glmrl.models.dit import kv_cache as kvc
 from glmrl.sampling.scheduler import euler_step_at
 
@@ -52,6 +53,7 @@ class SdeWindow:
   (Flow-GRPO-Fast / MixGRPO) runs one compiled program."""
   noise_level: float
   size: int
+  sde_type: str = "sde"  # "sde" (Flow-GRPO's) or "cps" (`glmrl.grpo.flow.cps_step_mean`)
 
 @struct.dataclass
 class Trajectory:
@@ -67,14 +69,15 @@ def merge_dit(dit_def, dit_state):
   return nnx.merge(dit_def, *dit_state) if isinstance(dit_state, tuple) else nnx.merge(dit_def, dit_state)
 
 
-@functools.partial(jax.jit, static_argnames=("dit_def", "vae_def", "sde"))
+@functools.partial(jax.jit, static_argnames=("dit_def", "vae_def", "sde", "guidance_scale"))
 def denoise_and_decode(dit_def, dit_state, vae_def, vae_state, cond: Conditioning, latents_BxCxhxw,
                        model_timesteps_S, sigmas_S1, guidance_scale, target_size_Bx2, crop_Bx2,
                        source_cache: kvc.DiTKVCache | None = None, sde: SdeWindow | None = None, noise_keys_B=None,
                        window_start=0):
   """Runs the S denoising steps from `latents` and decodes: (uint8 images [B, H, W, 3], latents), plus the
   SDE window's Trajectory when `sde` is given (its noise drawn from `noise_keys_B`, one key per sample,
-  the window starting at step `window_start`). `dit_state`: a state or a tuple of states."""
+  the window starting at step `window_start`). `dit_state`: a state or a tuple of states. `guidance_scale` is
+  static: 1.0 runs the conditional branch alone (`guided_velocity`)."""
   dit = merge_dit(dit_def, dit_state)
   vae = nnx.merge(vae_def, vae_state)
   out = denoise(dit, cond, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
@@ -90,7 +93,11 @@ def guided_velocity(dit, cond: Conditioning, x_BxCxhxw, t, guidance_scale, targe
   """The CFG-guided velocity v = v_u + g (v_c - v_u) at timestep t (float32): the conditional branch (prior
   tokens, glyph embeddings, source cache read) and the unconditional one (prior tokens dropped, the empty
   prompt's glyph embedding, cache skipped), as the reference pipeline. The sampler and the decoder policy
-  update both call this one function."""
+  update both call this one function.
+
+  A static guidance_scale of 1.0 (CFG-free: the unconditional branch has weight 0) runs the conditional branch
+  alone: one DiT pass instead of two. Its velocity is v_c itself, not v_u + 1 (v_c - v_u) (equal up to
+  float32 rounding); a traced 1.0 takes the two-branch formula."""
   batch = x_BxCxhxw.shape[0]
   read = "read" if source_cache is not None else None
   skip = "skip" if source_cache is not None else None
@@ -101,6 +108,8 @@ def guided_velocity(dit, cond: Conditioning, x_BxCxhxw, t, guidance_scale, targe
     return (out[0] if mode else out).astype(jnp.float32)
 
   v_cond = velocity(cond.glyph_BxSxD, cond.glyph_mask_BxS, False, read)
+  if is_static(guidance_scale) and guidance_scale == 1.0:
+    return v_cond
   v_uncond = velocity(cond.neg_glyph_BxSxD, cond.neg_glyph_mask_BxS, jnp.ones((batch, 1), bool), skip)
   return v_uncond + guidance_scale * (v_cond - v_uncond)
 
@@ -139,7 +148,8 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_
     x, record = carry
     v = guided(i, x)
     eps = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, i), x.shape[1:], jnp.float32))(noise_keys_B)
-    x_next, logp_B = flow.sde_step(x, v, sigmas_S1[i], sigmas_S1[i + 1], sde.noise_level, eps)
+    x_next, logp_B = flow.sde_step(x, v, sigmas_S1[i], sigmas_S1[i + 1], sde.noise_level, eps,
+                                   sde_type=sde.sde_type)
     w = i - start
     record = Trajectory(record.latents_before.at[w].set(x), record.latents_after.at[w].set(x_next),
                         record.sampler_logp.at[w].set(logp_B))

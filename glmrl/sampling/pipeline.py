@@ -358,11 +358,12 @@ class GlmImagePipeline:
 
   def decode_tokens(self, prepared: Prepared, target_Bxhxw, latents, group_size: int, source_cache=None, *,
                     dit_params=None, steps: int | None = None, sde: SdeRequest | None = None,
-                    conditioning: Conditioned | None = None):
+                    conditioning: Conditioned | None = None, guidance_scale: float | None = None):
     """Denoise from `latents` conditioned on the target-grid tokens and decode: (uint8 images, latents),
     and the SDE window's `decode.Trajectory` ([W, B, ...]) when `sde` is given.
 
-    `group_size`: rows per prompt. `steps`: denoising steps (default the spec's `dit_steps`).
+    `group_size`: rows per prompt. `steps`: denoising steps (default the spec's `dit_steps`); `guidance_scale`
+    likewise (default the spec's; 1.0 runs one DiT pass per step).
     `conditioning`: `self.conditioning(prepared, target_Bxhxw, group_size)` when the caller already has it.
     The batch is decoded in chunks of `spec.decode_batch` samples by one compiled program (the
     attention of a 1024^2 DiT step over a whole rollout would not fit); rows do not interact, so the
@@ -376,12 +377,13 @@ class GlmImagePipeline:
     dit_params = self.dit_params(dit_params)
     vae_def, vae_params = self.models["vae"]
     timesteps, sigmas = self.schedule(steps or self.spec.dit_steps)
+    guidance = float(self.spec.guidance_scale if guidance_scale is None else guidance_scale)
     window, start = (sde.window, sde.start) if sde is not None else (None, 0)
 
     def run(cond: Conditioned, latents, cache, keys):
       with sharding_lib.use_mesh(self.mesh):
         return decode.denoise_and_decode(dit_def, dit_params, vae_def, vae_params, cond.dit, latents,
-                                         timesteps, sigmas, self.spec.guidance_scale, cond.target_size, cond.crop,
+                                         timesteps, sigmas, guidance, cond.target_size, cond.crop,
                                          cache, window, keys, start)
 
     keys_B = None if sde is None else sde.noise_keys_B

@@ -43,7 +43,7 @@ class Trainer:
       records[DIT_CONFIG_FILE] = configs.dit.to_hf()  # the trained DiT's architecture, for the export
     self.checkpointer = TrainCheckpointer(
         workdir, config.checkpoint.save_interval, config.checkpoint.max_to_keep,
-        items=tuple(item for s in self.states.values() for item in (s.policy.params_item, s.policy.opt_item)),
+        items=tuple(self._saved_items()),
         records=records, source_checkpoint_dir=config.model.checkpoint_dir,
         adapters={s.policy.adapters_file: s.adapters_record(config) for s in self.states.values()})
     self.writer = run_writer(workdir)
@@ -61,6 +61,8 @@ class Trainer:
     for state in self.states.values():
       items[state.policy.params_item] = state.checkpoint_params()
       items[state.policy.opt_item] = state.opt_state
+      if state.ema is not None:  # in the params item's layout: eval, generate and export read it alike
+        items[state.policy.ema_item] = state.checkpoint_params(state.ema)
     return items
 
   def _restore(self):
@@ -74,6 +76,8 @@ class Trainer:
     for state in self.states.values():
       state.trainable = state.trainable_of(items[state.policy.params_item])
       state.opt_state = items[state.policy.opt_item]
+      if state.ema is not None:
+        state.ema = state.trainable_of(items[state.policy.ema_item])
     self.root_key = key
     self.step_index = int(meta["step"])
     self.run.iterator.restore(meta["data"])
@@ -106,7 +110,7 @@ class Trainer:
     for it in range(policy.settings(self.config).num_iterations):
       with sharding_lib.use_mesh(run.mesh):  # the activations' batch constraints
         state.trainable, state.opt_state, m, outputs = update_fn(
-            state.trainable, state.frozen, state.opt_state, batch, state.reference, it == 0)
+            state.trainable, state.frozen, state.opt_state, batch, policy.anchors(state), it == 0)
       if it == 0:
         # The first update computed the old (and reference) log-probs; the later ones read them.
         batch, first_metrics = policy.after_first(batch, outputs, self.config)
@@ -121,7 +125,8 @@ class Trainer:
     data_batch = next(run.iterator)
     # Keys derive from (seed, step): a resumed run draws what an uninterrupted one would.
     key = jax.random.fold_in(self.root_key, self.step_index)
-    collected = rollout_lib.collect(run, data_batch, key, {n: s.trainable for n, s in self.states.items()})
+    collected = rollout_lib.collect(run, data_batch, key,
+                                    {n: run.policies[n].rollout_trainable(s) for n, s in self.states.items()})
     extra, timings = dict(collected.metrics), collected.timings
     t1 = time.perf_counter()
     # A non-finite reward makes the advantages and loss non-finite, and the update skips itself; the
@@ -129,6 +134,7 @@ class Trainer:
     metrics = {}
     for name in self.states:
       metrics.update(self._updates(name, collected, extra))
+      self.states[name].update_ema(self.step_index + 1)
     metrics["skipped"] = jnp.max(jnp.stack([v for k, v in metrics.items() if k.endswith("skipped")]))
     scalars = jax.device_get({**extra, **metrics})
     t2 = time.perf_counter()

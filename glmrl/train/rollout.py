@@ -21,6 +21,7 @@ from flax import struct
 
 from glmrl import grpo
 from glmrl.policy import decoder as decoder_policy
+from glmrl.policy import decoder_matching
 from glmrl.sampling import decode
 from glmrl.sampling.pipeline import SdeRequest
 
@@ -61,7 +62,8 @@ class Sampled:
   """What one rollout sampled, before any policy's scoring (`Policy.rollout_batch` reads it)."""
   sample: Any                     # ar_sampler.SampleOutput: [B_grids, ...] tokens, log-probs, sequences
   images: jax.Array               # [B, H, W, 3] uint8
-  sde: SdeRollout | None = None   # with an SDE window (the decoder policy trains)
+  sde: SdeRollout | None = None   # with an SDE window (Flow-GRPO trains the decoder)
+  clean: decoder_matching.MatchingRollout | None = None  # the clean latents (DiffusionNFT, AWM train it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +124,12 @@ def _sde_decode(run, prepared, sample, key, dit_params) -> tuple:
   start = decoder_policy.window_start(cfg, window_key)
   # The sampler's conditioning is the update's: the glyph encoder runs once.
   cond = pipeline.conditioning(prepared, target_B, request.images_per_prompt)
-  sde = decode.SdeWindow(noise_level=float(cfg.decoder.noise_level), size=cfg.decoder.window_size)
+  sde = decode.SdeWindow(noise_level=float(cfg.decoder.noise_level), size=cfg.decoder.window_size,
+                         sde_type=cfg.decoder.sde_type)
   images, _, trajectory = pipeline.decode_tokens(
       prepared, target_B, latents, request.images_per_prompt, dit_params=dit_params,
-      steps=cfg.decoder.train_steps, sde=SdeRequest(sde, start, noise_keys_B), conditioning=cond)
+      steps=cfg.decoder.train_steps, sde=SdeRequest(sde, start, noise_keys_B), conditioning=cond,
+      guidance_scale=decoder_policy.train_guidance(cfg))
   window = decoder_policy.Window.at(*pipeline.schedule(cfg.decoder.train_steps), start, cfg.decoder.window_size)
   batch_first = lambda x_WxB: pipeline.shard_batch(jnp.swapaxes(x_WxB, 0, 1))
   rollout = decoder_policy.DecoderRollout(
@@ -134,6 +138,29 @@ def _sde_decode(run, prepared, sample, key, dit_params) -> tuple:
       latents_after=batch_first(trajectory.latents_after), sampler_logp=batch_first(trajectory.sampler_logp),
       old_logp=None, advantages=None, mask=None)
   return images, SdeRollout(rollout, window, start)
+
+
+def _clean_decode(run, prepared, sample, key, dit_params) -> tuple:
+  """(images, MatchingRollout) of a DiffusionNFT / AWM rollout: every grid decoded `samples_per_grid` times by
+  the ODE (decoder.train_steps at the training guidance), the clean latents kept with each image's trained
+  slots and training-noise keys (advantages, mask and old log-probs still empty)."""
+  cfg, pipeline, request = run.config, run.pipeline, run.request
+  noise_key, slot_key, train_key = jax.random.split(key, 3)
+  target_B = pipeline.shard_batch(jnp.repeat(sample.target, request.samples_per_grid, axis=0))
+  latents, _ = decoder_noise(run, noise_key, len(prepared.prompts))
+  cond = pipeline.conditioning(prepared, target_B, request.images_per_prompt)
+  images, x0 = pipeline.decode_tokens(prepared, target_B, latents, request.images_per_prompt, dit_params=dit_params,
+                                      steps=cfg.decoder.train_steps, conditioning=cond,
+                                      guidance_scale=decoder_policy.train_guidance(cfg))
+  b = x0.shape[0]
+  timesteps, sigmas = decoder_matching.draw_slots(slot_key, *pipeline.schedule(cfg.decoder.train_steps), b,
+                                                  decoder_matching.train_timesteps(cfg))
+  rollout = decoder_matching.MatchingRollout(
+      cond=jax.tree.map(pipeline.shard_batch, cond.dit), target_size=pipeline.shard_batch(cond.target_size),
+      crop=pipeline.shard_batch(cond.crop), x0=pipeline.shard_batch(x0),
+      noise_keys=pipeline.shard_batch(jax.random.split(train_key, b)), timesteps=pipeline.shard_batch(timesteps),
+      sigmas=pipeline.shard_batch(sigmas), old_logp=None, advantages=None, mask=None)
+  return images, rollout
 
 
 def collect(run, data_batch, key, trainables: dict) -> RolloutResult:
@@ -154,17 +181,19 @@ def collect(run, data_batch, key, trainables: dict) -> RolloutResult:
   token_key, noise_key = jax.random.split(key)
   sample = run.pipeline.sample_tokens(prepared, jax.random.split(token_key, num_prompts * ga), ga,
                                       ar_params=params["ar_params"])
+  sde = clean = None
   if request.sde:
     images, sde = _sde_decode(run, prepared, sample, noise_key, params["dit_params"])
+  elif request.clean:
+    images, clean = _clean_decode(run, prepared, sample, noise_key, params["dit_params"])
   else:
     latents = run.pipeline.initial_latents(noise_key, num_prompts, ga)
     images, _ = run.pipeline.decode_tokens(prepared, sample.target, latents, ga, run.pipeline.source_cache(prepared),
                                            dit_params=params["dit_params"])
-    sde = None
   jax.block_until_ready(images)
   t1 = time.perf_counter()
 
-  sampled = Sampled(sample, images, sde)
+  sampled = Sampled(sample, images, sde, clean)
   prompts = [p for p in data_batch.prompts for _ in range(request.images_per_prompt)]
   metadata = host_metadata(data_batch.metadata, request.images_per_prompt)
   extra, batches, shapes, first_total = {}, {}, {}, None

@@ -1,0 +1,38 @@
+"""The moving average of the trained parameters: its update rule and schedule against a float64 loop."""
+
+
+import jax.numpy as jnp
+import numpy as np
+
+from glmrl.policy import ema
+
+
+def test_update_rule_and_ramped_schedule_match_a_float64_loop():
+  settings = ema.EmaSettings(decay=0.5, every=2, ramp=0.1)
+  rng = np.random.default_rng(0)
+  params = [rng.standard_normal((3, 2)) for _ in range(9)]
+  avg = ema.init({"w": jnp.asarray(params[0], jnp.bfloat16)})
+  assert avg["w"].dtype == jnp.float32
+  want = np.asarray(jnp.asarray(params[0], jnp.bfloat16), np.float64)
+  for step in range(1, 9):
+    p = jnp.asarray(params[step], jnp.bfloat16)
+    if settings.due(step):
+      avg = ema.update(avg, {"w": p}, settings.decay_at(step))
+      d = min(0.5, 0.1 * step)
+      want = d * want + (1 - d) * np.asarray(p, np.float64)
+  np.testing.assert_allclose(np.asarray(avg["w"]), want, rtol=1e-6)
+  assert [settings.decay_at(s) for s in (1, 3, 5, 9)] == [0.1, 0.30000000000000004, 0.5, 0.5]
+  assert [settings.due(s) for s in range(1, 5)] == [False, True, False, True]
+
+
+def test_constant_decay_zero_copies_and_off_keeps_none():
+  assert not ema.EmaSettings().enabled and not ema.EmaSettings().due(1)
+  settings = ema.EmaSettings(decay=0.0, every=1)
+  p = {"w": jnp.arange(4.0)}
+  avg = ema.init(p)
+  assert avg["w"] is not p["w"]  # its own buffer: the update donates it
+  avg = ema.update(avg, {"w": p["w"] * 3}, settings.decay_at(7))
+  np.testing.assert_array_equal(np.asarray(avg["w"]), np.arange(4.0) * 3)
+  as_params = ema.as_params(avg, {"w": p["w"].astype(jnp.bfloat16)})
+  assert as_params["w"].dtype == jnp.bfloat16
+
