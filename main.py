@@ -39,6 +39,9 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-process r
                                    "(detected on SLURM and Cloud TPU pods).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process runs: how many processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index.")
+_USE_EMA = flags.DEFINE_bool("use_ema", False, "--mode=generate|eval: sample the decoder with the moving average of "
+                             "its trained parameters saved with each checkpoint (config.decoder.ema), not the "
+                             "parameters themselves.")
 
 # mode -> "module:function(config, workdir)"; imported only when chosen.
 _MODES = {
@@ -156,10 +159,14 @@ def main(argv):
     with StopSignal(what=f"--mode={_MODE.value} stopped"):
       distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
       config_checks.validate(_CONFIG.value, _MODE.value)
+      kwargs = {}
+      if _USE_EMA.value:
+        config_checks.check_use_ema(_CONFIG.value, _MODE.value)
+        kwargs["use_ema"] = True
       # Imported here: TensorBoard's imports take seconds that a config failing its checks need not wait for.
       from glmrl.logging import quiet_library_logs  # pylint: disable=import-outside-toplevel
       quiet_library_logs()
-      result = getattr(importlib.import_module(module_name), fn_name)(_CONFIG.value, _WORKDIR.value)
+      result = getattr(importlib.import_module(module_name), fn_name)(_CONFIG.value, _WORKDIR.value, **kwargs)
       distributed.finished()
   except UserError as e:
     _fail(str(e))

@@ -282,13 +282,19 @@ class TrainedModel:
   config_path: str           # the run's HF config of the model (absent when the run recorded none)
 
 
-def trained_models(params_dir: str, config_path: str) -> list[TrainedModel]:
-  """The AR generator (when the step holds `params`) and the DiT decoder (when it holds `decoder_params`)."""
+def trained_models(params_dir: str, config_path: str, use_ema: bool = False) -> list[TrainedModel]:
+  """The AR generator (when the step holds `params`) and the DiT decoder (when it holds `decoder_params`; with
+  `use_ema` its moving average, `decoder_ema`, in the same layout)."""
   run_dir = os.path.dirname(config_path)
+  step_dir = os.path.dirname(params_dir)
+  decoder_item = os.path.join(step_dir, train_ckpt.DECODER_EMA if use_ema else train_ckpt.DECODER_PARAMS)
+  if use_ema and not os.path.isdir(decoder_item):
+    raise ValueError(f"--use_ema: {step_dir} holds no {train_ckpt.DECODER_EMA!r} item (the run kept no moving "
+                     "average of its decoder: config.decoder.ema.every=0)")
   models = []
   for component, role, item, lora_file, config in (
       (TRAINING_COMPONENT, "generator", params_dir, train_ckpt.LORA_FILE, config_path),
-      (DECODER_COMPONENT, "decoder", os.path.join(os.path.dirname(params_dir), train_ckpt.DECODER_PARAMS),
+      (DECODER_COMPONENT, "decoder", decoder_item,
        train_ckpt.DECODER_LORA_FILE, os.path.join(run_dir, train_ckpt.DIT_CONFIG_FILE))):
     if os.path.isdir(item):
       lora_path = os.path.join(run_dir, lora_file)
@@ -388,9 +394,9 @@ def _write_model(e: _ModelExport, hf_out_dir: str, step: int, max_shard_size, lo
 
 
 def _export_training(params_dir: str, config_path: str, step: int, hf_out_dir: str, source_dir: str | None,
-                     max_shard_size, log, merge_lora: bool = False) -> dict:
+                     max_shard_size, log, merge_lora: bool = False, use_ema: bool = False) -> dict:
   run_dir = os.path.dirname(config_path)
-  models = trained_models(params_dir, config_path)
+  models = trained_models(params_dir, config_path, use_ema)
   if merge_lora and all(m.lora is None for m in models):
     records = " or ".join(os.path.basename(m.lora_file) for m in models)
     roles = " and ".join(m.role for m in models)
@@ -423,7 +429,7 @@ def _export_training(params_dir: str, config_path: str, step: int, hf_out_dir: s
 
 
 def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_dir: str | None = None,
-           max_shard_size=DEFAULT_MAX_SHARD_SIZE, merge_lora: bool = False,
+           max_shard_size=DEFAULT_MAX_SHARD_SIZE, merge_lora: bool = False, use_ema: bool = False,
            log: Callable[[str], None] = print) -> dict:
   """Writes an HF GLM-Image folder from a converted or a training checkpoint.
 
@@ -433,7 +439,8 @@ def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_di
   (`decoder_params` in the step) writes `transformer/` from it; with DiT adapters the base's
   `transformer/` and `adapters/transformer/pytorch_lora_weights.safetensors` (diffusers' LoRA format:
   `pipe.transformer.load_lora_adapter(<out>/adapters/transformer, weight_name=...)`), or with
-  `merge_lora` the adapters merged into the base.
+  `merge_lora` the adapters merged into the base. `use_ema`: the decoder's moving average (`decoder_ema`)
+  is written in place of its trained parameters.
 
   Returns {"exported": {component: {"tensors", "files"}}, "skipped", "copied", "complete",
   "incomplete_reason"} plus, for a training checkpoint, "step" and "source" (the converted folder
@@ -444,7 +451,10 @@ def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_di
   st.parse_size(max_shard_size)
   training = find_training_checkpoint(ckpt_dir, step)
   if training is not None:
-    return _export_training(*training, hf_out_dir, source_dir, max_shard_size, log, merge_lora)
+    return _export_training(*training, hf_out_dir, source_dir, max_shard_size, log, merge_lora, use_ema)
+  if use_ema:
+    raise ValueError(f"--use_ema is for a training run whose decoder kept a moving average; {ckpt_dir} is not a "
+                     "training checkpoint")
   if merge_lora:
     raise ValueError(f"--merge_lora is for a LoRA training run; {ckpt_dir} is not a training checkpoint")
   if step is not None:

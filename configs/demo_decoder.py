@@ -29,7 +29,7 @@ def get_config(arg=None):
   c.decoder.window_start = -1
   c.decoder.lora.rank = 8
   c.decoder.lora.alpha = 16.0
-  c.decoder.optim.learning_rate = 1e-2
+  c.decoder.optim.learning_rate = 3e-2  # every algorithm's demo: the same rate
   # The tiny random VAE's brightness hardly moves with its latents; its saturation does (a "detail" reward
   # the decoder can raise on its own, as the report gives the decoder the high-frequency rewards).
   c.decoder.rewards = ({"name": "saturation", "weight": 1.0},)
@@ -42,6 +42,12 @@ def get_config(arg=None):
     c.decoder.train_guidance = 1.0  # CFG-free: one DiT pass per step, in the rollout and the update
     c.decoder.train_timesteps = 2  # of the 4 steps, per image per update
     c.decoder.ema.every = 1
+  if algorithm == "nft":
+    # DiffusionNFT's default schedule of its old policy: decay min(0.001 n, 0.5) after step n.
+    c.decoder.ema.decay, c.decoder.ema.ramp = 0.5, 0.001
+  if algorithm == "awm":
+    # A weak anchor to a slow average of the adapters (AWM drifts without one at real size).
+    c.decoder.ema.decay, c.decoder.ema_beta = 0.9, 0.01
   c.checkpoint.save_interval = 10
   c.log.image_interval = 10
   return c

@@ -257,6 +257,15 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
          "update does not read the condition images' DiT cache yet")
 
 
+def check_use_ema(cfg, mode: str) -> None:
+  """--use_ema: generate and eval only, of a run whose decoder keeps a moving average."""
+  _check(mode in ("generate", "eval"), "--use_ema", True,
+         f"--mode={mode} takes no --use_ema (it samples with the moving average in --mode=generate and eval)")
+  policies, every = cfg.train.policies, cfg.decoder.ema.every
+  _check("decoder" in policies and every >= 1, "--use_ema", True,
+         f"the run keeps no moving average (config.train.policies={policies!r}, config.decoder.ema.every={every})")
+
+
 def _check_file(key: str, path: str) -> None:
   _check(not os.path.isdir(path), key, path, "is a folder: name the file of prompts in it")
   _check(os.path.isfile(path), key, path, "no such file")

@@ -1,4 +1,5 @@
-"""Line plot of one metric from metrics.jsonl, drawn with PIL only (for the README)."""
+"""Line plots of metrics.jsonl (one metric against step, or several series on shared axes), drawn with PIL only
+(for the README)."""
 
 import json
 import math
@@ -8,7 +9,6 @@ from PIL import Image, ImageDraw
 
 from glmrl.logging.images import get_font
 
-_LINE = (31, 119, 180)
 _AXIS = (0, 0, 0)
 _GRID = (225, 225, 225)
 _TICK_LEN = 5
@@ -70,18 +70,36 @@ def _span(values: list[float]) -> tuple[float, float]:
   return lo, hi
 
 
+def _check_size(width: int, height: int) -> None:
+  if width < 200 or height < 150:
+    raise ValueError(f"plot size {width}x{height} is too small (minimum 200x150)")
+
+
+_COLORS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189), (140, 86, 75))
+
+
 def plot_metric(metrics_jsonl_path: str | os.PathLike, key: str, out_png: str | os.PathLike, *,
                 width: int = 640, height: int = 400, title: str | None = None) -> str:
   """Draws `key` against step as a PNG of `width` x `height` pixels; returns the path."""
-  if width < 200 or height < 150:
-    raise ValueError(f"plot size {width}x{height} is too small (minimum 200x150)")
+  _check_size(width, height)  # before reading the file
   steps, values = read_metric(metrics_jsonl_path, key)
+  return plot_series({key: (steps, values)}, out_png, xlabel="step", ylabel=key, width=width, height=height,
+                     title=title if title is not None else key, legend=False)
+
+
+def plot_series(series: dict, out_png: str | os.PathLike, *, xlabel: str, ylabel: str, title: str = "",
+                width: int = 640, height: int = 400, legend: bool = True) -> str:
+  """Draws each `series` entry (label -> (xs, ys)) as a line on shared axes, with a legend of the labels; returns
+  the path of the PNG."""
+  _check_size(width, height)
+  if not series or len(series) > len(_COLORS):
+    raise ValueError(f"plot_series draws 1 to {len(_COLORS)} series, got {len(series)}")
   font = get_font(12)
   left, right, top, bottom = 72, 20, 30, 48
   x0, x1, y0, y1 = left, width - right, top, height - bottom  # plot area, y grows downwards
 
-  xticks = nice_ticks(*_span(steps))
-  yticks = nice_ticks(*_span(values))
+  xticks = nice_ticks(*_span([x for xs, _ in series.values() for x in xs]))
+  yticks = nice_ticks(*_span([y for _, ys in series.values() for y in ys]))
   xlo, xhi = xticks[0], xticks[-1]
   ylo, yhi = yticks[0], yticks[-1]
 
@@ -106,20 +124,25 @@ def plot_metric(metrics_jsonl_path: str | os.PathLike, key: str, out_png: str | 
     draw.text((x0 - _TICK_LEN - 3, y), _format_tick(t, ystep), fill=_AXIS, font=font, anchor="rm")
   draw.rectangle([x0, y0, x1, y1], outline=_AXIS)
 
-  points = [(px(s), py(v)) for s, v in zip(steps, values)]
-  if len(points) > 1:
-    draw.line(points, fill=_LINE, width=2, joint="curve")
-  if len(points) <= 60:
-    for x, y in points:
-      draw.ellipse([x - 2.5, y - 2.5, x + 2.5, y + 2.5], fill=_LINE)
+  for (label, (xs, ys)), color in zip(series.items(), _COLORS):
+    points = [(px(s), py(v)) for s, v in zip(xs, ys)]
+    if len(points) > 1:
+      draw.line(points, fill=color, width=2, joint="curve")
+    if len(points) <= 60:
+      for x, y in points:
+        draw.ellipse([x - 2.5, y - 2.5, x + 2.5, y + 2.5], fill=color)
+  if legend:
+    for i, (label, color) in enumerate(zip(series, _COLORS)):
+      ly = y0 + 8 + 16 * i
+      draw.line([(x0 + 8, ly), (x0 + 28, ly)], fill=color, width=3)
+      draw.text((x0 + 34, ly), label, fill=_AXIS, font=font, anchor="lm")
 
-  draw.text(((x0 + x1) / 2, height - 6), "step", fill=_AXIS, font=font, anchor="md")
-  draw.text(((x0 + x1) / 2, top / 2), title if title is not None else key, fill=_AXIS, font=get_font(14),
-            anchor="mm")
+  draw.text(((x0 + x1) / 2, height - 6), xlabel, fill=_AXIS, font=font, anchor="md")
+  draw.text(((x0 + x1) / 2, top / 2), title, fill=_AXIS, font=get_font(14), anchor="mm")
   # Rotated y-axis label: render horizontally, then turn it by 90 degrees.
-  label_w = int(math.ceil(font.getlength(key))) + 4
+  label_w = int(math.ceil(font.getlength(ylabel))) + 4
   label = Image.new("RGB", (label_w, 16), (255, 255, 255))
-  ImageDraw.Draw(label).text((label_w / 2, 8), key, fill=_AXIS, font=font, anchor="mm")
+  ImageDraw.Draw(label).text((label_w / 2, 8), ylabel, fill=_AXIS, font=font, anchor="mm")
   label = label.rotate(90, expand=True)
   img.paste(label, (4, int((y0 + y1) / 2 - label.height / 2)))
 

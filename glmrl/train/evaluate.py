@@ -51,11 +51,12 @@ def run_eval(run, params: dict, writer, step: int) -> dict:
   return scalars
 
 
-def evaluate(config, workdir: str) -> dict:
+def evaluate(config, workdir: str, use_ema: bool = False) -> dict:
   """`--mode=eval`: the newest restorable checkpoint in workdir (or the initial model) on the held-out
-  prompts, logged at its step (0 for the initial model). Read-only on the checkpoints."""
+  prompts, logged at its step (0 for the initial model). Read-only on the checkpoints. `use_ema`: see
+  `restored_params`."""
   run = setup_lib.build(config)
-  params, step = restored_params(run, workdir)
+  params, step = restored_params(run, workdir, use_ema)
   os.makedirs(workdir, exist_ok=True)
   writer = run_writer(workdir)
   try:

@@ -66,12 +66,12 @@ def write_outputs(out_dir: str, samples: dict, prompts, group_size: int, step: i
   return {"pngs": pngs, "grid": grid_path, "tokens": tokens_path}
 
 
-def generate(config, workdir: str) -> dict:
+def generate(config, workdir: str, use_ema: bool = False) -> dict:
   """Samples every prompt and writes the results to `<workdir>/generate`; returns the written paths
-  and the restored checkpoint step (None when there was no checkpoint)."""
+  and the restored checkpoint step (None when there was no checkpoint). `use_ema`: see `restored_params`."""
   run = setup_lib.build(config)
   records = run.eval_records or run.records
-  params, step = restored_params(run, workdir)
+  params, step = restored_params(run, workdir, use_ema)
   samples = sample_records(run, records, params)
   if jax.process_index():  # every process sampled its shards; process 0 writes
     return {"step": step}

@@ -13,23 +13,25 @@ from glmrl.checkpoint.manager import check_adapters, restore_trained_params, sav
 from glmrl.data import PromptIterator
 
 
-def restored_params(run, workdir: str) -> tuple[dict, int | None]:
+def restored_params(run, workdir: str, use_ema: bool = False) -> tuple[dict, int | None]:
   """(the pipeline's parameters to sample with: `ar_params` and `dit_params`, step) of the newest checkpoint in
   `<workdir>/checkpoints` that restores, or of the initial models (step None) without checkpoints. A LoRA
   policy's adapters must be of its base. What the run does not train (the AR generator of a decoder-only run,
-  the DiT of an AR run) is as built."""
+  the DiT of an AR run) is as built. `use_ema`: a policy that keeps a moving average is restored from it."""
   directory = os.path.join(workdir, "checkpoints")
   has_steps = bool(saved_steps(workdir))
   trainables, step = {}, None
   for name, state in run.states.items():
     check_adapters(directory, state.adapters_record(run.config), has_steps, state.policy.adapters_file)
-    saved, saved_step = restore_trained_params(workdir, state.checkpoint_params(), state.policy.params_item)
+    averaged = use_ema and state.policy.settings(run.config).ema.enabled
+    item = state.policy.ema_item if averaged else state.policy.params_item
+    saved, saved_step = restore_trained_params(workdir, state.checkpoint_params(), item)
     trainables[name] = state.trainable if saved is None else state.trainable_of(saved)
     step = saved_step if step is None else step
   if step is None:
     logging.info("no checkpoint in %s: the initial models", directory)
   else:
-    logging.info("the trained parameters of step %d", step)
+    logging.info("the trained parameters%s of step %d", " (their moving average)" if use_ema else "", step)
   return run.sampling_params(trainables), step
 
 

@@ -41,7 +41,8 @@ AR, DIT = "vision_language_encoder", "transformer"
 RANK, ALPHA = 4, 6.0  # scale 1.5: an adapter loaded with alpha = rank (diffusers' default) would show
 ADAPTER_ATOL = 1e-5   # diffusers adapter vs diffusers merged kernels
 PORT_ATOL = 1e-4      # diffusers vs our DiT (tests/models/dit)
-ITEMS = ("params", "opt_state", "rng", "meta", manager.DECODER_PARAMS, manager.DECODER_OPT_STATE)
+ITEMS = ("params", "opt_state", "rng", "meta", manager.DECODER_PARAMS, manager.DECODER_OPT_STATE,
+         manager.DECODER_EMA)
 quiet = lambda s: None
 
 
@@ -56,17 +57,18 @@ def converted(tmp_path_factory):
 
 
 def write_run(workdir, converted, decoder_state, *, decoder_lora=None, ar_state=None, ar_lora=None, source=True,
-              dit_config=True):
+              dit_config=True, decoder_ema=None):
   """`workdir`/checkpoints as a decoder-RL run writes it: step 3 with `ar_state` (default: the whole AR) in
   `params` and `decoder_state` in `decoder_params`, ar_config.json, source.json, dit_config.json, and the
-  LoRA records lora.json / decoder_lora.json of adapter states."""
+  LoRA records lora.json / decoder_lora.json of adapter states; `decoder_ema` in `decoder_ema` when given."""
   ckpt = pathlib.Path(workdir) / "checkpoints"
   if ar_state is None:
     ar_state = nnx.state(load_component(str(converted / AR)), nnx.Param)
   with ocp.CheckpointManager(ckpt, item_names=ITEMS) as mngr:
     mngr.save(3, args=ocp.args.Composite(
         params=ocp.args.StandardSave(ar_state), meta=ocp.args.JsonSave({"step": 3}),
-        **{manager.DECODER_PARAMS: ocp.args.StandardSave(decoder_state)}))
+        **{manager.DECODER_PARAMS: ocp.args.StandardSave(decoder_state)},
+        **({} if decoder_ema is None else {manager.DECODER_EMA: ocp.args.StandardSave(decoder_ema)})))
     mngr.wait_until_finished()
   shutil.copy(converted / AR / "config.json", ckpt / manager.AR_CONFIG_FILE)
   with open(ckpt / manager.SOURCE_FILE, "w") as f:
@@ -204,6 +206,27 @@ def test_dit_lora_adapter_loads_in_diffusers_and_matches_merged_and_ours(lora_ru
   assert torch_ref.max_abs(got, merged) < ADAPTER_ATOL
   assert torch_ref.max_abs(got, ours) < PORT_ATOL
   assert torch_ref.max_abs(got, without) > 1e-2  # the adapters matter
+
+
+def test_use_ema_exports_the_moving_average_and_diffusers_loads_it(converted, tmp_path):
+  """--use_ema writes the decoder's `decoder_ema` item (the adapters' average) in place of its adapters."""
+  _, adapters, record = adapted(converted / DIT, lora.DIT_TARGETS, seed=2)
+  ema_model, ema_adapters, _ = adapted(converted / DIT, lora.DIT_TARGETS, seed=5)
+  workdir = write_run(tmp_path / "workdir", converted, adapters, decoder_lora=record, decoder_ema=ema_adapters)
+  out = tmp_path / "ema"
+  cli = subprocess.run([sys.executable, "-m", "checkpoints_convert", "--to_hf", f"--ckpt_dir={workdir}",
+                        f"--hf_out_dir={out}", "--use_ema"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert cli.returncode == 0, cli.stderr[-3000:]
+  base = diffusers.GlmImageTransformer2DModel.from_pretrained(out / DIT).eval()
+  base.load_lora_adapter(str(out / peft.ADAPTERS_DIR / DIT), weight_name=peft.DIFFUSERS_ADAPTER_WEIGHTS,
+                         prefix="transformer")
+  inputs = torch_ref.t2i_inputs(DiTConfig.tiny(), seed=1, batch=2, height=8, width=12, text_len=5)
+  assert torch_ref.max_abs(_diffusers_out(base, inputs), np.asarray(torch_ref.forward(ema_model, inputs))) < PORT_ATOL
+  # A run without an average: one line naming what is missing, nothing written.
+  plain = write_run(tmp_path / "plain", converted, adapters, decoder_lora=record)
+  with pytest.raises(ValueError, match="--use_ema: .* holds no 'decoder_ema' item"):
+    flax_to_hf.export(str(plain), str(tmp_path / "none"), use_ema=True, log=quiet)
+  assert not (tmp_path / "none").exists()
 
 
 def test_dit_lora_without_source(lora_run, tmp_path):

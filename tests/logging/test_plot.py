@@ -67,3 +67,16 @@ def test_errors(tmp_path):
 ])
 def test_nice_ticks(lo, hi, want):
   np.testing.assert_allclose(nice_ticks(lo, hi), want, atol=1e-12)
+
+
+def test_series_share_axes_each_in_its_own_colour(tmp_path):
+  from glmrl.logging.plot import plot_series
+  import numpy as np
+  from PIL import Image
+  out = plot_series({"a": ([0, 10, 20], [0.1, 0.2, 0.3]), "b": ([0, 5, 30], [0.3, 0.25, 0.2])}, tmp_path / "s.png",
+                    xlabel="seconds", ylabel="reward")
+  pixels = np.asarray(Image.open(out).convert("RGB")).reshape(-1, 3)
+  colours = {tuple(p) for p in pixels}
+  assert (31, 119, 180) in colours and (214, 39, 40) in colours
+  with pytest.raises(ValueError, match="1 to 6 series"):
+    plot_series({}, tmp_path / "e.png", xlabel="x", ylabel="y")
