@@ -113,9 +113,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.decoder.sde_type = "sde"  # "sde" or "cps".
   c.decoder.noise_level = 0.7  # The SDE's a: std_t = a sqrt(sigma / (1 - sigma)) (Flow-GRPO's default 0.7).
   c.decoder.train_steps = 10  # Denoising steps of training rollouts; evaluation and generate keep sampling.dit_steps.
-  c.decoder.window_size = 2  # Consecutive SDE (trained) steps per rollout; the ODE elsewhere. train_steps: all.
-  c.decoder.window_start = -1  # First SDE step; -1 draws it per rollout uniformly in [0, train_steps - window_size].
+  c.decoder.window_size = 2  # Consecutive SDE (trained) steps per rollout; the ODE elsewhere.
+  # First SDE step; -1 draws it per rollout uniformly so that the window lies within window_range. A fixed start may
+  # put the window anywhere (window_start=0 with window_size=train_steps: every step).
+  c.decoder.window_start = -1  # First SDE step, or -1 (random, see window_range).
+  # Steps [lo, hi) a random window lies within; hi 0: the first half (train_steps // 2, at least lo + window_size).
+  # hi <= train_steps - 1: a random window never holds the final step (its noise would stay in the decoded image).
+  c.decoder.window_range = (0, 0)  # (lo, hi) of a random window (Flow-GRPO's sde_window_range).
   c.decoder.clip_range = 1e-4  # PPO clip of the per-step ratio of mean log-probs (Flow-GRPO's 1e-4).
+  c.decoder.adv_std = "group"  # Advantages divided by the group's reward std ("group") or the batch's ("batch").
   c.decoder.adv_clip_max = 5.0  # Advantages are clipped to [-adv_clip_max, adv_clip_max].
   c.decoder.beta = 0.0  # KL weight on the step means vs the initial DiT (adapters off with DiT LoRA).
   c.decoder.num_iterations = 1  # Decoder updates per rollout.

@@ -27,6 +27,8 @@ def get_config(arg=None):
   c.decoder.train_steps = 4
   c.decoder.window_size = 2
   c.decoder.window_start = -1
+  # Of 4 steps the first half is the window itself; let it start anywhere but hold the final step.
+  c.decoder.window_range = (0, 3)
   c.decoder.lora.rank = 8
   c.decoder.lora.alpha = 16.0
   c.decoder.optim.learning_rate = 3e-2  # every algorithm's demo: the same rate

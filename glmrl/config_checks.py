@@ -161,8 +161,13 @@ RULES: dict[str, Rule] = {
     "decoder.noise_level": POSITIVE,
     "decoder.train_steps": integer(1),
     "decoder.window_size": integer(1),
+    # A list when read back from a run's config.py (JSON has no tuples).
+    "decoder.window_range": Rule((tuple, list), lambda v: len(v) == 2 and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v),
+        "must be (lo, hi): two integers >= 0 (hi 0: the first half of the steps)"),
     "decoder.window_start": Rule(int, lambda v: v >= -1, "must be -1 (random per rollout) or a step index >= 0"),
     "decoder.clip_range": POSITIVE,
+    "decoder.adv_std": choice("group", "batch"),
     "decoder.adv_clip_max": POSITIVE,
     "decoder.beta": NON_NEGATIVE,
     "decoder.num_iterations": integer(1),
@@ -236,6 +241,14 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
          f"must be <= config.decoder.train_steps={steps} (the SDE window lies within the denoising steps)")
   _check(start <= steps - size, "config.decoder.window_start", start,
          f"must be -1 or in [0, {steps - size}] (train_steps - window_size): the window ends within the steps")
+  if start == -1 and values["decoder.algorithm"] == "flow_grpo":
+    lo, hi = tuple(values["decoder.window_range"])
+    _check(lo + size <= steps - 1, "config.decoder.window_range", (lo, hi),
+           f"a random window (window_start=-1) of window_size={size} from step {lo} would hold the final step of "
+           f"train_steps={steps}; a random window never does (pass --config.decoder.window_start=0 to train "
+           "every step)")
+    _check(hi == 0 or lo + size <= hi <= steps - 1, "config.decoder.window_range", (lo, hi),
+           f"hi must be 0 (the first half) or in [lo + window_size, train_steps - 1] = [{lo + size}, {steps - 1}]")
   if values["decoder.sde_type"] == "cps" and values["decoder.algorithm"] == "flow_grpo":
     _check(size <= steps - 1, "config.decoder.window_size", size,
            f"must be <= config.decoder.train_steps - 1 = {steps - 1} with decoder.sde_type='cps' (its final step "

@@ -107,10 +107,18 @@ def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_pat
     (("--config.decoder.sde_type=cps", "--config.decoder.window_start=2"),
      "config.decoder.window_start=2: must be -1 or in [0, 1] with decoder.sde_type='cps'"),
     (("--config.decoder.window_start=3",), "config.decoder.window_start=3: must be -1 or in [0, 2]"),
+    (("--config.decoder.window_range=(0,4)",), "config.decoder.window_range=(0, 4): hi must be 0 (the first half) "
+                                               "or in [lo + window_size, train_steps - 1] = [2, 3]"),
+    (("--config.decoder.window_range=(2,0)",), "a random window (window_start=-1) of window_size=2 from step 2 "
+                                               "would hold the final step of train_steps=4"),
+    (("--config.decoder.adv_std=none",), "config.decoder.adv_std='none': must be one of ['group', 'batch']"),
+    (("--use_ema", "--mode=generate"), "--use_ema=True: the run keeps no moving average"),
+    (("--config=configs/demo_decoder.py:nft", "--use_ema"), "--use_ema=True: --mode=train takes no --use_ema"),
 ])
 def test_bad_decoder_settings_fail_in_one_line_before_any_work(flags, message, tmp_path):
   work = tmp_path / "work"
-  result = run_main("--config=configs/demo_decoder.py", *flags, tmp_path=work)
+  config = () if any(f.startswith("--config=") for f in flags) else ("--config=configs/demo_decoder.py",)
+  result = run_main(*config, *flags, tmp_path=work)
   assert_one_line_error(result, message)
   assert not work.exists()
 

@@ -85,17 +85,21 @@ def trained(run) -> tuple:
 
 def resident_state(run) -> dict:
   """Bytes per chip of what stays in HBM for the whole run, by kind. `frozen`: every model's part that no
-  policy trains (a trained model's base, the other models whole)."""
+  policy trains (a trained model's base, the other models whole); `ema`: the moving averages kept."""
   states = run.states.values()
   trained_models = {s.policy.component for s in states}
   frozen = tuple(s.frozen for s in states) + tuple(state for name, (_, state) in run.models.items()
                                                    if name not in trained_models)
-  return {
+  averages = tuple(s.ema for s in states if s.ema is not None)
+  out = {
       "params": report_lib.bytes_per_chip(trained(run)),
       "opt_state": report_lib.bytes_per_chip(tuple(s.opt_state for s in states)),
       "frozen": report_lib.bytes_per_chip(frozen),
       "reference": report_lib.bytes_per_chip(tuple(s.reference for s in states if s.reference is not None)),
   }
+  if averages:
+    out["ema"] = report_lib.bytes_per_chip(averages)
+  return out
 
 
 def compile(config, workdir: str) -> dict:  # pylint: disable=redefined-builtin  # the mode's name

@@ -205,7 +205,7 @@ class ArPolicy:
                     lora=lora_lib.LoraConfig(rank=config.lora.rank, alpha=lora_alpha(config.lora),
                                              targets=lora_lib.target_patterns(config.lora.targets)),
                     optim=config.optim, num_iterations=config.grpo.num_iterations, beta=float(config.grpo.beta),
-                    micro_batch_size=config.train.micro_batch_size)
+                    micro_batch_size=config.train.micro_batch_size, advantage_scale=config.grpo.scale)
 
   def request(self, config) -> Request:
     return Request(grids_per_prompt=config.grpo.group_size)

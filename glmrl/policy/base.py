@@ -25,6 +25,7 @@ class Settings:
   beta: float              # KL weight (> 0: a reference policy is kept)
   micro_batch_size: int    # rows per micro-batch of its update (0: the whole batch)
   ema: EmaSettings = EmaSettings()  # the moving average of its trained parameters (off by default)
+  advantage_scale: str = "group"    # what divides its advantages: the group's reward std, the batch's, or none
 
 
 def lora_alpha(section) -> float:

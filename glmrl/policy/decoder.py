@@ -171,19 +171,23 @@ def decoder_spec(config, images: int) -> DecoderSpec:
       reference="adapters_off" if settings.lora.enabled else "params", sde_type=d.sde_type)
 
 
-def last_window_start(config) -> int:
-  """The last step an SDE window may start at: it lies within the steps, and a CPS window (whose final step has
-  no noise: sigma' = 0) ends before the final step."""
+def window_starts(config) -> tuple[int, int]:
+  """(first, last) step a random SDE window may start at: it lies within decoder.window_range = [lo, hi), hi 0
+  meaning the first half of the steps (Flow-GRPO's newer recipe), never holding the final step (checked by
+  `config_checks`)."""
   d = config.decoder
-  return d.train_steps - d.window_size - (1 if d.sde_type == "cps" else 0)
+  lo, hi = tuple(d.window_range)
+  hi = hi or min(max(d.train_steps // 2, lo + d.window_size), d.train_steps - 1)
+  return lo, hi - d.window_size
 
 
 def window_start(config, key):
-  """The SDE window's first step: config.decoder.window_start, or -1: uniform over [0, last_window_start]."""
+  """The SDE window's first step: config.decoder.window_start, or -1: uniform over `window_starts`."""
   d = config.decoder
   if d.window_start >= 0:
     return jnp.asarray(d.window_start, jnp.int32)
-  return jax.random.randint(key, (), 0, last_window_start(config) + 1, jnp.int32)
+  first, last = window_starts(config)
+  return jax.random.randint(key, (), first, last + 1, jnp.int32)
 
 
 class DecoderPolicy:
@@ -213,7 +217,8 @@ class DecoderPolicy:
                                              targets=lora_lib.target_patterns(d.lora.targets)),
                     optim=d.optim, num_iterations=d.num_iterations, beta=float(d.beta),
                     micro_batch_size=d.micro_batch_size,
-                    ema=ema_lib.EmaSettings(decay=float(d.ema.decay), every=d.ema.every, ramp=float(d.ema.ramp)))
+                    ema=ema_lib.EmaSettings(decay=float(d.ema.decay), every=d.ema.every, ramp=float(d.ema.ramp)),
+                    advantage_scale=d.adv_std)
 
   def request(self, config) -> Request:
     return Request(samples_per_grid=config.decoder.group_size, sde=True)

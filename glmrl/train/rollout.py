@@ -202,7 +202,8 @@ def collect(run, data_batch, key, trainables: dict) -> RolloutResult:
     total, components = composer.score(images, prompts, metadata)
     rewards, group = policy.group_rewards(total, request)
     advantages, keep_B, zero_var = advantage_stats(
-        rewards, group_size=group, scale=cfg.grpo.scale, estimator=cfg.grpo.estimator, std_eps=composer.std_eps,
+        rewards, group_size=group, scale=policy.settings(cfg).advantage_scale, estimator=cfg.grpo.estimator,
+        std_eps=composer.std_eps,
         drop_constant=cfg.grpo.drop_zero_variance_groups)
     batches[name] = policy.rollout_batch(cfg, sampled, advantages, keep_B)
     shapes[name] = policy.update_shape(sampled)

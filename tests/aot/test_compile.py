@@ -99,3 +99,28 @@ def test_slice_names_map_to_libtpu_topologies():
   assert topology.parse("v6e-8").topology_name == "v6e:2x4"
   assert len(topology.devices(topology.parse("v5p-8"))) == 4
   assert np.isclose(topology.parse("v5p-8").chip.hbm_bytes, 95e9)
+
+
+def test_nft_programs_lower_with_their_batch_and_the_average_resident():
+  """DiffusionNFT abstractly, as --mode=compile builds it: a CFG-free rollout (one DiT pass per step), an update
+  over the clean latents' slots with the moving average (a resident state of its own) as the old policy."""
+  from configs import demo_decoder
+  config = demo_decoder.get_config("nft")
+  config.data.prompts_per_step = 4  # 32 images: split over 8 chips
+  run = programs.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
+  state = run.states["decoder"]
+  assert jax.tree.structure(state.ema) == jax.tree.structure(state.trainable)
+  assert all(a.dtype == jax.numpy.float32 and a.sharding == t.sharding
+             for a, t in zip(jax.tree.leaves(state.ema), jax.tree.leaves(state.trainable)))
+  assert mode_lib.resident_state(run)["ema"] > 0
+  update = programs.update(run, "decoder")
+  assert any(a is state.ema for a in update.state_args)
+  assert "stablehlo" in update.lowered.as_text()
+  # The step model: CFG-free halves the rollout's DiT FLOPs; the update's scale with the trained slots.
+  flops = lambda c: report_lib.step_flops(c, run.layout, run.configs, ar_params=1, dit_params=10**6)
+  guided = config.copy_and_resolve_references()
+  guided.decoder.train_guidance = 1.5
+  assert flops(config)["decoder"] * 2 == flops(guided)["decoder"]
+  more = config.copy_and_resolve_references()
+  more.decoder.train_timesteps = 4
+  assert flops(more)["decoder_update"] == 2 * flops(config)["decoder_update"]

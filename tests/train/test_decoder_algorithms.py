@@ -1,6 +1,6 @@
 """DiffusionNFT and AWM as users run them: the decoder demo's `:nft` and `:awm` through main.py train, save the
 moving average with every checkpoint, and a run that lost its last checkpoint (a preemption) resumes from the
-one before and redoes the same steps bit for bit, the moving average included."""
+one before and redoes the same steps bit for bit, the moving average included; `--use_ema` generates with it."""
 
 import json
 import shutil
@@ -63,3 +63,7 @@ def test_demo_trains_saves_its_average_and_resumes_bit_identically(tmp_path, alg
     assert got[step] == want[step], step
   for a, b in zip(flat(leaves(resumed / "checkpoints" / "4" / "decoder_ema")), flat(ema_4)):
     np.testing.assert_array_equal(a, b)
+  if algorithm == "nft":  # generation samples with the average of the last step's adapters
+    out = main(*flags, f"--workdir={resumed}", "--mode=generate", "--use_ema")
+    assert "the trained parameters (their moving average) of step 4" in out.stderr
+    assert (resumed / "generate" / "grid.png").is_file()
