@@ -163,5 +163,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.interval = 0  # Evaluate on held-out prompts every this many steps; 0 disables.
   c.eval.prompts_file = ""  # Held-out prompts (.txt or .jsonl); evaluated with fixed seeds.
+  # A shipped benchmark instead (glmrl/data/benchmarks/README.md: parti, geneval, ocr, pickscore); "NAME:N" takes N
+  # of its prompts, drawn with eval.seed (the same N for every checkpoint).
+  c.eval.benchmark = ""  # Benchmark name[:N], or "" (eval.prompts_file).
+  c.eval.max_prompts = 0  # At most this many held-out prompts, drawn with eval.seed; 0: all.
+  # --mode=eval compares these checkpoints ("0,500,1000"; 0: the models before RL) on the same prompts and seeds,
+  # writing <workdir>/eval/report.json and report.md with 95% bootstrap intervals; "": the newest checkpoint.
+  c.eval.steps = ""  # Checkpoints to compare, or "".
   c.eval.seed = 1234  # Fixed sampling seed of evaluation.
   return c

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import ml_collections
 
 from glmrl import rewards as rewards_lib  # registers the built-in rewards
+from glmrl.data import benchmarks
 from glmrl.errors import UserError
 from glmrl.grpo import advantages as grpo_advantages
 from glmrl.grpo import flow as grpo_flow
@@ -88,6 +89,21 @@ def _lora_targets_ok(value: str) -> bool:
   except ValueError:
     return False
   return True
+
+
+def _benchmark_ok(value: str) -> bool:
+  if not value:
+    return True
+  try:
+    benchmarks.parse(value)
+  except UserError:
+    return False
+  return True
+
+
+def _steps_ok(value: str) -> bool:
+  parts = [p.strip() for p in value.split(",")] if value.strip() else []
+  return all(p.isdigit() for p in parts) and len(set(parts)) == len(parts)
 
 
 # One rule per field of configs/common.py (a test keeps the two in step).
@@ -186,6 +202,10 @@ RULES: dict[str, Rule] = {
     "eval.interval": integer(0, why="must be >= 0 (0 disables periodic evaluation)"),
     "compile.topology": STRING,
     "eval.prompts_file": STRING,
+    "eval.benchmark": Rule(str, _benchmark_ok, f"must be '' or a shipped benchmark {list(benchmarks.NAMES)}, "
+                           "optionally with ':N' (N >= 1 of its prompts)"),
+    "eval.max_prompts": integer(0, why="must be >= 0 (0: every held-out prompt)"),
+    "eval.steps": Rule(str, _steps_ok, "must be '' or distinct step numbers >= 0 separated by commas, e.g. 0,500"),
     "eval.seed": integer(0),
 }
 
@@ -317,9 +337,15 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
   _check(not ckpt or os.path.isdir(ckpt), "config.model.checkpoint_dir", ckpt,
          "no such directory (convert the HF folder first: python -m checkpoints_convert --hf_dir=... --out_dir=...)")
   _check_file("config.data.prompts_file", values["data.prompts_file"])
+  _check(not (values["eval.prompts_file"] and values["eval.benchmark"]), "config.eval.benchmark",
+         values["eval.benchmark"], f"and config.eval.prompts_file={values['eval.prompts_file']!r} both name held-out "
+         "prompts: set one")
   if mode == "eval" or values["eval.interval"]:
     why = ("--mode=eval" if mode == "eval" else f"config.eval.interval={values['eval.interval']}")
-    _check(bool(values["eval.prompts_file"]), "config.eval.prompts_file", values["eval.prompts_file"],
-           f"{why} needs held-out prompts: pass --config.eval.prompts_file=...")
+    _check(bool(values["eval.prompts_file"] or values["eval.benchmark"]), "config.eval.prompts_file",
+           values["eval.prompts_file"], f"{why} needs held-out prompts: pass --config.eval.prompts_file=... or "
+           "--config.eval.benchmark=NAME")
+  _check(mode == "eval" or not values["eval.steps"], "config.eval.steps", values["eval.steps"],
+         "compares checkpoints in --mode=eval only")
   if values["eval.prompts_file"] and (mode == "eval" or values["eval.interval"]):
     _check_file("config.eval.prompts_file", values["eval.prompts_file"])

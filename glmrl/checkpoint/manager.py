@@ -287,9 +287,9 @@ def saved_steps(workdir: str) -> list[int]:
   return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(directory) else []
 
 
-def restore_trained_params(workdir: str, like_state, item: str = "params"):
-  """(params state, step) of the newest training checkpoint in `<workdir>/checkpoints` that restores,
-  or (None, None) without checkpoints.
+def restore_trained_params(workdir: str, like_state, item: str = "params", step: int | None = None):
+  """(params state, step) of the newest training checkpoint in `<workdir>/checkpoints` that restores (of `step`
+  alone when given: CheckpointError when it does not restore), or (None, None) without checkpoints.
 
   Only the `item` item ("params", or `DECODER_PARAMS`) is read, onto the shardings and dtypes of `like_state`. An unreadable step
   is reported and the next older one tried; nothing is moved or changed (sampling and evaluation
@@ -302,8 +302,9 @@ def restore_trained_params(workdir: str, like_state, item: str = "params"):
                                   options=ocp.CheckpointManagerOptions(read_only=True, create=False))
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like_state)
   try:
+    steps = manager.all_steps() if step is None else [step]
     step, restored, _ = restore_newest(
-        directory, manager.all_steps(),
+        directory, steps,
         lambda s: manager.restore(s, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(abstract)})))
   finally:
     manager.close()

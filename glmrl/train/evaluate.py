@@ -1,5 +1,6 @@
 """`python main.py --mode=eval` and the training loop's periodic evaluation: held-out prompts with
-fixed seeds, scored as training scores (`RewardComposer.score`), logged under `eval/`."""
+fixed seeds, scored as training scores (`RewardComposer.score`), logged under `eval/`; with config.eval.steps,
+checkpoints compared on them with confidence intervals (`glmrl.evaluation`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import os
 import numpy as np
 from absl import logging
 
+from glmrl.checkpoint.manager import saved_steps, write_json_atomic, write_text_atomic
+from glmrl.errors import UserError
+from glmrl.evaluation import report as report_lib
 from glmrl.logging import run_writer
 from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib
@@ -15,47 +19,114 @@ from glmrl.train.rollout import host_metadata
 from glmrl.train.sample import restored_params, sample_batches
 
 
-def run_eval(run, params: dict, writer, step: int) -> dict:
-  """Samples group_size images per held-out prompt with the fixed eval seed (the ODE, sampling.dit_steps)
-  and logs their rewards: the AR policy's under eval/reward/, the decoder policy's under
-  eval/decoder/reward/ when it trains."""
+def score(run, params: dict) -> tuple[dict, np.ndarray, list]:
+  """Samples group_size images per held-out prompt with the fixed eval seed (the ODE, sampling.dit_steps) and
+  scores them: ({reward name: [R * group_size] scores, prompt-major}, the first batch's images and prompts). The
+  names are the logged ones without `eval/`: config.rewards' total `reward` and components `reward/<name>`, and
+  every other trained policy's own rewards under its prefix (`decoder/reward`, ...)."""
   g = run.group_size
   records = run.eval_records
   if not records:
-    raise ValueError("evaluation needs config.eval.prompts_file")
-  # config.rewards under eval/reward/; every other trained policy's own rewards under eval/<its prefix>.
+    raise ValueError("evaluation needs config.eval.prompts_file or config.eval.benchmark")
   composers = {"": run.composer}
   composers.update({run.policies[name].prefix(tuple(run.policies)): c for name, c in run.composers.items()
                     if c is not run.composer})
-  totals, components, images_out, prompts_out = {k: [] for k in composers}, {}, None, None
+  scores, images_out, prompts_out = {}, None, None
   for batch, out, real in sample_batches(run, records, params):
     prompts = [p for p in batch.prompts for _ in range(g)]
     keep = slice(0, real * g)
     for prefix, composer in composers.items():
       total, comps = composer.score(out.images, prompts, host_metadata(batch.metadata, g))
-      totals[prefix].append(to_host(total)[keep])
+      scores.setdefault(f"{prefix}reward", []).append(to_host(total)[keep])
       for k, v in comps.items():
-        components.setdefault(f"{prefix}reward/{k}", []).append(to_host(v)[keep])
+        scores.setdefault(f"{prefix}reward/{k}", []).append(to_host(v)[keep])
     if images_out is None:
       images_out, prompts_out = to_host(out.images)[keep], prompts[:real * g]
+  return {k: np.concatenate(v) for k, v in scores.items()}, images_out, prompts_out
+
+
+def log_scores(writer, step: int, scores: dict, images, prompts, group_size: int) -> dict:
+  """The scalars of `score`'s output (each total's mean and std, each component's mean) under eval/, and the
+  first batch's grid."""
   scalars = {}
-  for prefix, parts in totals.items():
-    every = np.concatenate(parts)
-    scalars.update({f"eval/{prefix}reward/mean": float(every.mean()), f"eval/{prefix}reward/std": float(every.std())})
-  for k, v in components.items():
-    scalars[f"eval/{k}/mean"] = float(np.concatenate(v).mean())
-  total = np.concatenate(totals[""])
+  for name, values in scores.items():
+    scalars[f"eval/{name}/mean"] = float(values.mean())
+    if not name.split("reward", 1)[1]:  # a total: its std too
+      scalars[f"eval/{name}/std"] = float(values.std())
   writer.write_scalars(step, scalars)
-  writer.write_samples(step, images_out, prompts_out, total[:len(prompts_out)], tag="eval_samples", ncols=g)
+  writer.write_samples(step, images, prompts, scores["reward"][:len(prompts)], tag="eval_samples", ncols=group_size)
+  return scalars
+
+
+def run_eval(run, params: dict, writer, step: int) -> dict:
+  """`score` and `log_scores` at `step`: the AR policy's rewards under eval/reward/, the decoder policy's under
+  eval/decoder/reward/ when it trains."""
+  scores, images, prompts = score(run, params)
+  scalars = log_scores(writer, step, scores, images, prompts, run.group_size)
   logging.info("eval at step %d: reward %.4f", step, scalars["eval/reward/mean"])
   return scalars
 
 
+def check_steps(config, workdir: str) -> list[int]:
+  """config.eval.steps as a list (empty: the newest checkpoint alone); each step > 0 must have a checkpoint in
+  the workdir (checked before any model is built)."""
+  steps = parse_steps(config.eval.steps)
+  saved = saved_steps(workdir)
+  missing = [s for s in steps if s and s not in saved]
+  if missing:
+    raise UserError(f"config.eval.steps={config.eval.steps!r}: no checkpoint of step {missing[0]} in "
+                    f"{os.path.join(workdir, 'checkpoints')} (saved: {saved or 'none'})")
+  return steps
+
+
+def parse_steps(text: str) -> list[int]:
+  """"0,500,1000" -> [0, 500, 1000] (0: the models before RL); "" -> []."""
+  if not text.strip():
+    return []
+  parts = [p.strip() for p in text.split(",")]
+  if not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
+    raise UserError(f"config.eval.steps={text!r}: must be distinct step numbers >= 0 separated by commas, "
+                    "e.g. 0,500,1000 (0: the models before RL)")
+  return [int(p) for p in parts]
+
+
+def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
+  """Every checkpoint of `steps` (0: the initial models, adapters off) on the same prompts with the same seeds;
+  writes <workdir>/eval/report.json and report.md (`glmrl.evaluation.report`) and each step's scalars and grid.
+  Returns the report."""
+  cfg = run.config
+  scores = {}
+  writer = run_writer(workdir)
+  try:
+    for step in steps:
+      params = run.sampling_params() if step == 0 else restored_params(run, workdir, use_ema, step)[0]
+      per_image, images, prompts = score(run, params)
+      log_scores(writer, step, per_image, images, prompts, run.group_size)
+      scores[step] = {k: v.reshape(-1, run.group_size) for k, v in per_image.items()}
+      logging.info("eval of %s: reward %.4f", f"step {step}" if step else "the initial models",
+                   float(per_image["reward"].mean()))
+  finally:
+    writer.close()
+  categories = [str(r.metadata.get("category", "all")) for r in run.eval_records]
+  result = report_lib.compare(scores, categories, cfg.eval.seed, prompts=[r.prompt for r in run.eval_records])
+  out_dir = os.path.join(workdir, "eval")
+  os.makedirs(out_dir, exist_ok=True)
+  write_json_atomic(os.path.join(out_dir, "report.json"), result)
+  source = cfg.eval.benchmark or cfg.eval.prompts_file
+  write_text_atomic(os.path.join(out_dir, "report.md"),
+                    report_lib.markdown(result, f"{source}: steps {', '.join(map(str, steps))}") + "\n")
+  logging.info("wrote %s and report.md", os.path.join(out_dir, "report.json"))
+  return result
+
+
 def evaluate(config, workdir: str, use_ema: bool = False) -> dict:
   """`--mode=eval`: the newest restorable checkpoint in workdir (or the initial model) on the held-out
-  prompts, logged at its step (0 for the initial model). Read-only on the checkpoints. `use_ema`: see
-  `restored_params`."""
+  prompts, logged at its step (0 for the initial model); with config.eval.steps, those checkpoints compared
+  (`compare`). Read-only on the checkpoints. `use_ema`: see `restored_params`."""
+  steps = check_steps(config, workdir)
   run = setup_lib.build(config)
+  if steps:
+    return compare(run, workdir, steps, use_ema)
   params, step = restored_params(run, workdir, use_ema)
   os.makedirs(workdir, exist_ok=True)
   writer = run_writer(workdir)

@@ -13,11 +13,13 @@ from glmrl.checkpoint.manager import check_adapters, restore_trained_params, sav
 from glmrl.data import PromptIterator
 
 
-def restored_params(run, workdir: str, use_ema: bool = False) -> tuple[dict, int | None]:
+def restored_params(run, workdir: str, use_ema: bool = False, step: int | None = None) -> tuple[dict, int | None]:
   """(the pipeline's parameters to sample with: `ar_params` and `dit_params`, step) of the newest checkpoint in
   `<workdir>/checkpoints` that restores, or of the initial models (step None) without checkpoints. A LoRA
   policy's adapters must be of its base. What the run does not train (the AR generator of a decoder-only run,
-  the DiT of an AR run) is as built. `use_ema`: a policy that keeps a moving average is restored from it."""
+  the DiT of an AR run) is as built. `use_ema`: a policy that keeps a moving average is restored from it.
+  `step`: that checkpoint, not the newest."""
+  wanted = step
   directory = os.path.join(workdir, "checkpoints")
   has_steps = bool(saved_steps(workdir))
   trainables, step = {}, None
@@ -25,7 +27,7 @@ def restored_params(run, workdir: str, use_ema: bool = False) -> tuple[dict, int
     check_adapters(directory, state.adapters_record(run.config), has_steps, state.policy.adapters_file)
     averaged = use_ema and state.policy.settings(run.config).ema.enabled
     item = state.policy.ema_item if averaged else state.policy.params_item
-    saved, saved_step = restore_trained_params(workdir, state.checkpoint_params(), item)
+    saved, saved_step = restore_trained_params(workdir, state.checkpoint_params(), item, wanted)
     trainables[name] = state.trainable if saved is None else state.trainable_of(saved)
     step = saved_step if step is None else step
   if step is None:

@@ -12,7 +12,7 @@ import jax
 from absl import logging
 
 from glmrl import sharding as sharding_lib
-from glmrl.data import PromptIterator, load_prompts
+from glmrl.data import PromptIterator, benchmarks, load_prompts
 from glmrl.errors import UserError
 from glmrl.models import glm_image
 from glmrl.models.ar import tokenizer as word_tokenizer
@@ -114,10 +114,23 @@ def pipeline_spec(config) -> PipelineSpec:
                       glyph_texts=config.data.max_glyph_texts, decode_batch=config.sampling.decode_batch)
 
 
+def eval_source(config) -> str:
+  """The file the held-out prompts come from (for messages): the benchmark's, or config.eval.prompts_file."""
+  if config.eval.benchmark:
+    return benchmarks.path(benchmarks.parse(config.eval.benchmark)[0])
+  return config.eval.prompts_file
+
+
 def load_records(config):
   records = load_prompts(config.data.prompts_file)
   eval_records = load_prompts(config.eval.prompts_file) if config.eval.prompts_file else []
-  for path, recs in ((config.data.prompts_file, records), (config.eval.prompts_file, eval_records)):
+  eval_path = eval_source(config)
+  if config.eval.benchmark:
+    eval_records = benchmarks.load(config.eval.benchmark, config.eval.seed)
+  if config.eval.max_prompts:
+    eval_records = benchmarks.subset(eval_records, min(config.eval.max_prompts, len(eval_records)),
+                                     config.eval.seed, f"config.eval.max_prompts={config.eval.max_prompts}")
+  for path, recs in ((config.data.prompts_file, records), (eval_path, eval_records)):
     for r in recs:
       if config.data.mode == "i2i" and not r.source_images:
         raise UserError(f"{path}:{r.line}: data.mode='i2i' needs source_images on every line")
@@ -128,7 +141,7 @@ def load_records(config):
   request = registry.rollout_request(config)
   trained_entries = [e for p in registry.trained(config).values() for e in p.rewards(config, request)[0]]
   for path, recs, entries in ((config.data.prompts_file, records, trained_entries),
-                              (config.eval.prompts_file, eval_records, list(config.rewards) + trained_entries)):
+                              (eval_path, eval_records, list(config.rewards) + trained_entries)):
     for entry in entries:
       for key in reward_registry.get(entry["name"]).needs:
         lacking = [r for r in recs if not (r.target_image if key == "target_image" else key in r.metadata)]
@@ -215,7 +228,7 @@ def build(config, *, train: bool = False) -> Run:
   composer = composers["ar"] if "ar" in composers else reward_composer(config, mesh)
   configs = model_configs(config)
   processor, glyph_tokenizer = processors(config, configs, [r.prompt for r in records + eval_records])
-  for path, recs in ((config.data.prompts_file, records), (config.eval.prompts_file, eval_records)):
+  for path, recs in ((config.data.prompts_file, records), (eval_source(config), eval_records)):
     check_prompt_lengths(processor, recs, path, config)
     for r in recs:
       check_glyph_fits(r.prompt, glyph_tokenizer, config.data.max_glyph_tokens, config.data.max_glyph_texts,

@@ -1,0 +1,2 @@
+"""Evaluation users trust: statistics with confidence intervals (`stats.py`) and the checkpoint comparison's
+reports (`report.py`)."""
