@@ -171,4 +171,7 @@ def base_config() -> ml_collections.ConfigDict:
   # writing <workdir>/eval/report.json and report.md with 95% bootstrap intervals; "": the newest checkpoint.
   c.eval.steps = ""  # Checkpoints to compare, or "".
   c.eval.seed = 1234  # Fixed sampling seed of evaluation.
+  # One warning when, for this many periodic evaluations in a row, a policy's training reward rose while its held-out
+  # reward fell (glmrl/evaluation/monitors.py); 0 disables it.
+  c.eval.hacking_patience = 3  # Evaluations of diverging rewards before the warning; 0: never.
   return c

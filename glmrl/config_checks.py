@@ -204,6 +204,7 @@ RULES: dict[str, Rule] = {
     "eval.prompts_file": STRING,
     "eval.benchmark": Rule(str, _benchmark_ok, f"must be '' or a shipped benchmark {list(benchmarks.NAMES)}, "
                            "optionally with ':N' (N >= 1 of its prompts)"),
+    "eval.hacking_patience": integer(0, why="must be >= 0 (0: no reward-hacking warning)"),
     "eval.max_prompts": integer(0, why="must be >= 0 (0: every held-out prompt)"),
     "eval.steps": Rule(str, _steps_ok, "must be '' or distinct step numbers >= 0 separated by commas, e.g. 0,500"),
     "eval.seed": integer(0),

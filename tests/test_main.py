@@ -224,6 +224,11 @@ def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_pa
   assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3]
   assert {"2", "3"} <= set(os.listdir(tmp_path / "checkpoints"))
   assert sorted(os.listdir(tmp_path / "samples"))  # grids at steps 1 and 2
+  # The reward-hacking monitors: image statistics every step, JPEG size on the steps that fetch the images.
+  rows = _rows(tmp_path)
+  assert all(0 <= r["monitor/saturation"] <= 1 and 0 <= r["monitor/near_constant_frac"] <= 1
+             and r["monitor/pairwise_distance"] > 0 for r in rows)
+  assert [r["step"] for r in rows if "monitor/jpeg_kb" in r] == [1, 2]
 
   again = run_main(*args, "--config.train.num_steps=3", tmp_path=tmp_path)
   assert again.returncode == 0 and "already complete" in again.stderr, again.stderr[-3000:]

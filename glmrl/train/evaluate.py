@@ -12,6 +12,7 @@ from absl import logging
 from glmrl.checkpoint.manager import saved_steps, write_json_atomic, write_text_atomic
 from glmrl.errors import UserError
 from glmrl.evaluation import report as report_lib
+from glmrl.evaluation import stats
 from glmrl.logging import run_writer
 from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib
@@ -45,14 +46,19 @@ def score(run, params: dict) -> tuple[dict, np.ndarray, list]:
   return {k: np.concatenate(v) for k, v in scores.items()}, images_out, prompts_out
 
 
-def log_scores(writer, step: int, scores: dict, images, prompts, group_size: int) -> dict:
-  """The scalars of `score`'s output (each total's mean and std, each component's mean) under eval/, and the
+def log_scores(writer, step: int, scores: dict, images, prompts, group_size: int, seed: int) -> dict:
+  """The scalars of `score`'s output under eval/: each component's mean, each total's mean, std and 95% bootstrap
+  interval over prompts (`ci_low`, `ci_high`; `glmrl.evaluation.stats`, resamples seeded by `seed`); and the
   first batch's grid."""
   scalars = {}
   for name, values in scores.items():
     scalars[f"eval/{name}/mean"] = float(values.mean())
-    if not name.split("reward", 1)[1]:  # a total: its std too
+    if not name.split("reward", 1)[1]:  # a total: its spread and interval too
       scalars[f"eval/{name}/std"] = float(values.std())
+      per_prompt = stats.per_prompt(values.reshape(-1, group_size))
+      ci = stats.mean_ci(per_prompt, stats.resample_indices(per_prompt.shape[0], seed))
+      if ci["low"] is not None:
+        scalars[f"eval/{name}/ci_low"], scalars[f"eval/{name}/ci_high"] = ci["low"], ci["high"]
   writer.write_scalars(step, scalars)
   writer.write_samples(step, images, prompts, scores["reward"][:len(prompts)], tag="eval_samples", ncols=group_size)
   return scalars
@@ -62,7 +68,7 @@ def run_eval(run, params: dict, writer, step: int) -> dict:
   """`score` and `log_scores` at `step`: the AR policy's rewards under eval/reward/, the decoder policy's under
   eval/decoder/reward/ when it trains."""
   scores, images, prompts = score(run, params)
-  scalars = log_scores(writer, step, scores, images, prompts, run.group_size)
+  scalars = log_scores(writer, step, scores, images, prompts, run.group_size, run.config.eval.seed)
   logging.info("eval at step %d: reward %.4f", step, scalars["eval/reward/mean"])
   return scalars
 
@@ -101,7 +107,7 @@ def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
     for step in steps:
       params = run.sampling_params() if step == 0 else restored_params(run, workdir, use_ema, step)[0]
       per_image, images, prompts = score(run, params)
-      log_scores(writer, step, per_image, images, prompts, run.group_size)
+      log_scores(writer, step, per_image, images, prompts, run.group_size, cfg.eval.seed)
       scores[step] = {k: v.reshape(-1, run.group_size) for k, v in per_image.items()}
       logging.info("eval of %s: reward %.4f", f"step {step}" if step else "the initial models",
                    float(per_image["reward"].mean()))

@@ -14,6 +14,7 @@ from glmrl.checkpoint import StopSignal, TrainCheckpointer
 from glmrl.checkpoint.lock import WorkdirLock
 from glmrl.checkpoint.manager import AR_CONFIG_FILE, DIT_CONFIG_FILE, saved_steps
 from glmrl.errors import UserError
+from glmrl.evaluation import monitors
 from glmrl.logging import run_writer
 from glmrl.logging.progress import Progress, console
 from glmrl.train import evaluate as evaluate_lib
@@ -49,7 +50,9 @@ class Trainer:
     self.writer = run_writer(workdir)
     self.nonfinite_run = 0
     self.nonfinite_total = 0
-    self.watchdog = Watchdog(p.prefix(tuple(self.run.policies)) for p in self.run.policies.values())
+    prefixes = [p.prefix(tuple(self.run.policies)) for p in self.run.policies.values()]
+    self.watchdog = Watchdog(prefixes)
+    self.hacking = monitors.HackingWatch(prefixes, config.eval.hacking_patience)
     self._compiled = {}
     self._restore()
     self.checkpointer.check_space(self._saved_items())
@@ -128,6 +131,7 @@ class Trainer:
     collected = rollout_lib.collect(run, data_batch, key,
                                     {n: run.policies[n].rollout_trainable(s) for n, s in self.states.items()})
     extra, timings = dict(collected.metrics), collected.timings
+    extra.update(monitors.image_monitors(collected.images, run.request.images_per_prompt))
     t1 = time.perf_counter()
     # A non-finite reward makes the advantages and loss non-finite, and the update skips itself; the
     # step reads whether it did only with the logged scalars (no extra host round trip).
@@ -154,9 +158,14 @@ class Trainer:
     scalars.update(watchdog_metrics)
     for warning in warnings:
       logging.warning("%s", warning)
+    self.hacking.step(scalars)
+    image_step = cfg.log.image_interval and (self.step_index % cfg.log.image_interval == 0 or self.step_index == 1)
+    if image_step:
+      host_images = sharding_lib.to_host(collected.images)
+      scalars["monitor/jpeg_kb"] = monitors.jpeg_kb(host_images)
     self.writer.write_scalars(self.step_index, scalars)
-    if cfg.log.image_interval and (self.step_index % cfg.log.image_interval == 0 or self.step_index == 1):
-      self.writer.write_samples(self.step_index, sharding_lib.to_host(collected.images), collected.prompts,
+    if image_step:
+      self.writer.write_samples(self.step_index, host_images, collected.prompts,
                                 sharding_lib.to_host(collected.total), tag="train_samples",
                                 ncols=run.request.images_per_prompt)
     if self.nonfinite_run >= cfg.train.max_consecutive_nonfinite:
@@ -224,7 +233,12 @@ def _train(config, workdir: str, stop: StopSignal) -> dict:
       console(progress.line(trainer.step_index, last))
       trainer.save()
       if config.eval.interval and trainer.step_index % config.eval.interval == 0 and not stop:
-        evaluate_lib.run_eval(trainer.run, trainer.run.sampling_params(), trainer.writer, trainer.step_index)
+        evaluated = evaluate_lib.run_eval(trainer.run, trainer.run.sampling_params(), trainer.writer,
+                                          trainer.step_index)
+        hacking, warnings = trainer.hacking.evaluated(trainer.step_index, evaluated)
+        trainer.writer.write_scalars(trainer.step_index, hacking)
+        for warning in warnings:
+          logging.warning("%s", warning)
       if stop:
         stopped_by = stop.received
         logging.warning("stopping at step %d on %s", trainer.step_index, stopped_by)

@@ -32,6 +32,13 @@ def test_eval_compares_checkpoints_with_paired_intervals(tmp_path):
     np.testing.assert_allclose([got["mean"], got["low"], got["high"]], want, atol=1e-6)
   diff = np.asarray(report["per_prompt"]["reward"]["2"]) - np.asarray(report["per_prompt"]["reward"]["0"])
   np.testing.assert_allclose(table["overall"]["difference"]["2"]["mean"], diff.mean(), atol=1e-9)
+  # Each checkpoint's scalars, with the interval of its mean, in the run's metrics at its step.
+  evals = {r["step"]: r for r in map(json.loads, open(workdir / "metrics.jsonl")) if "eval/reward/ci_low" in r}
+  assert sorted(evals) == [0, 2]
+  for step, r in evals.items():
+    got = table["overall"]["mean"][str(step)]
+    np.testing.assert_allclose([r["eval/reward/ci_low"], r["eval/reward/ci_high"]], [got["low"], got["high"]],
+                               atol=1e-6)
   text = (workdir / "eval" / "report.md").read_text()
   assert "| overall | 4 |" in text and "step 2 - base (step 0)" in text
 
