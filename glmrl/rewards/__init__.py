@@ -5,12 +5,13 @@ Importing this package registers the built-ins: `brightness`, `colorfulness`,
 `jpeg_compressibility` (host-side), and the model-backed `clip_score`, `pickscore`
 and `laion_aesthetic` (pure JAX; built by `RewardComposer` from converted checkpoints).
 Also model-backed: `lpips` (pure JAX, -LPIPS to metadata['target_image']), and the host-side
-`remote` (scores from a reward server) and `text_accuracy` (OCR server, Flow-GRPO's reward).
+`remote` (scores from a reward server), `text_accuracy` (OCR server, Flow-GRPO's reward) and the OCR metrics
+`ocr_word_accuracy` and `ocr_ned` against metadata['text'] (`ocr_metrics.py`).
 """
 
 from glmrl.rewards import image_stats, jpeg, target  # noqa: F401  (registers the built-ins)
 from glmrl.rewards import aesthetic, clip_score, pickscore  # noqa: F401  (registers the CLIP rewards)
-from glmrl.rewards import lpips, remote, text_accuracy  # noqa: F401  (LPIPS, remote, OCR rewards)
+from glmrl.rewards import lpips, ocr_metrics, remote, text_accuracy  # noqa: F401  (LPIPS, remote, OCR rewards)
 from glmrl.rewards.compose import RewardComposer, group_normalize
 from glmrl.rewards.registry import Reward, get, names, register, unregister
 from glmrl.rewards.registry import ModelReward, register_factory
