@@ -44,6 +44,7 @@ from PIL import Image
 
 from glmrl.errors import UserError
 from glmrl.rewards.registry import check_images, register_factory
+from glmrl.rewards.server import check_detection
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # The server's error text quoted in our errors is cut here so a huge HTML error page stays readable.
@@ -134,6 +135,10 @@ class RemoteRewardClient:
   def texts(self, images, prompts: Sequence[str], metadata: Mapping[str, Any] | None = None) -> list[str]:
     """One text per image (an OCR server's reading)."""
     return self._request(images, prompts, metadata, "texts")
+
+  def detections(self, images, prompts: Sequence[str], metadata: Mapping[str, Any] | None = None) -> list[list]:
+    """Per image, an object detector's detections ({"class", "score", "box"[, "color"]}, validated)."""
+    return self._request(images, prompts, metadata, "detections")
 
   def _request(self, images, prompts, metadata, key: str) -> list:
     images = np.asarray(images)
@@ -240,6 +245,13 @@ class RemoteRewardClient:
         raise RemoteRewardError(f"{where}: texts[{i}] = {v!r} is not a string")
       if key == "scores" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
         raise RemoteRewardError(f"{where}: scores[{i}] = {v!r} is not a finite number")
+      if key == "detections":
+        if not isinstance(v, list):
+          raise RemoteRewardError(f"{where}: detections[{i}] = {v!r:.200} is not a list")
+        try:
+          values[i] = [check_detection(d, f"detections[{i}][{j}]") for j, d in enumerate(v)]
+        except ValueError as e:
+          raise RemoteRewardError(f"{where}: {e}") from None
     return values
 
 

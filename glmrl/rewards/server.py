@@ -15,7 +15,10 @@ image; what the client's `metadata_keys` selected). It returns one value per ima
 - numbers: a reward, answered as {"scores": [...]} (`brightness` below is an example), or
 - strings: an OCR scorer, the text read from each image, answered as {"texts": [...]}; the
   `text_accuracy` reward compares them with the prompts' quoted texts. E.g. with PaddleOCR, join
-  the recognised lines of an image into one string, as Flow-GRPO does.
+  the recognised lines of an image into one string, as Flow-GRPO does; or
+- lists: an object detector, each image's detections, answered as {"detections": [...]}: per image a list of
+  {"class": str, "score": number, "box": [x0, y0, x1, y1], "color": str (optional)}; the `geneval` reward
+  applies GenEval's rules to them (`glmrl.rewards.geneval`).
 
 At most --workers scorer calls run at once (default 1: models are rarely thread-safe); decoding
 runs in the request threads. A scorer exception or an output of the wrong shape is answered with
@@ -139,7 +142,8 @@ def parse_request(body: bytes, limits: Limits) -> tuple[list[np.ndarray], list[s
 
 
 def format_output(values: Any, n: int) -> dict:
-  """The scorer's output as {"scores": [...]} or {"texts": [...]}; ValueError if it is neither."""
+  """The scorer's output as {"scores": [...]}, {"texts": [...]} or {"detections": [...]}; ValueError if it is none
+  of them."""
   if isinstance(values, np.ndarray):
     values = values.tolist()
   if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n:
@@ -147,6 +151,9 @@ def format_output(values: Any, n: int) -> dict:
   values = list(values)
   if all(isinstance(v, str) for v in values):
     return {"texts": values}
+  if values and all(isinstance(v, (list, tuple)) for v in values):
+    out = [[check_detection(d, f"output[{i}][{j}]") for j, d in enumerate(v)] for i, v in enumerate(values)]
+    return {"detections": out}
   scores = []
   for i, v in enumerate(values):
     if isinstance(v, np.generic):
@@ -155,6 +162,28 @@ def format_output(values: Any, n: int) -> dict:
       raise ValueError(f"scorer output[{i}] = {v!r:.100} is neither a finite number nor (with all others) a string")
     scores.append(float(v))
   return {"scores": scores}
+
+
+def check_detection(d: Any, where: str) -> dict:
+  """One detection as JSON types: {"class", "score", "box"[, "color"]}; ValueError naming `where` otherwise."""
+  if not isinstance(d, dict) or not isinstance(d.get("class"), str) or not d["class"]:
+    raise ValueError(f"{where} = {d!r:.200} must be a dict with a non-empty 'class' string")
+  score, box = d.get("score"), d.get("box")
+  if isinstance(score, np.generic):
+    score = score.item()
+  if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+    raise ValueError(f"{where}: score={score!r:.100} is not a finite number")
+  if isinstance(box, np.ndarray):
+    box = box.tolist()
+  if not isinstance(box, (list, tuple)) or len(box) != 4 or not all(
+      not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) for x in box):
+    raise ValueError(f"{where}: box={box!r:.100} must be 4 finite numbers [x0, y0, x1, y1]")
+  out = {"class": d["class"], "score": float(score), "box": [float(x) for x in box]}
+  if "color" in d:
+    if not isinstance(d["color"], str):
+      raise ValueError(f"{where}: color={d['color']!r:.100} is not a string")
+    out["color"] = d["color"]
+  return out
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
