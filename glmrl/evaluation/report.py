@@ -13,8 +13,9 @@ OVERALL = "overall"
 def compare(scores: dict, categories: list[str], seed: int, resamples: int = stats.RESAMPLES,
             prompts: list[str] | None = None) -> dict:
   """The report of `scores` ({step: {reward: [P, G] scores}}, steps in the order given, the first the base) on
-  prompts of `categories` ([P] names). It keeps each prompt's mean score per reward and step (`per_prompt`) and,
-  when given, the prompts' text: what the intervals were computed from."""
+  prompts of `categories` ([P] names). It keeps each prompt's mean score per reward and step (`per_prompt`: what
+  the intervals were computed from), its first sample's (`first_sample`, the one the page shows) and, when given,
+  the prompts' text."""
   steps = list(scores)
   base = steps[0]
   rewards = list(scores[base])
@@ -27,11 +28,12 @@ def compare(scores: dict, categories: list[str], seed: int, resamples: int = sta
   out = {"steps": steps, "base_step": base, "prompts": num_prompts,
          "samples_per_prompt": int(np.asarray(scores[base][rewards[0]]).shape[1]), "resamples": resamples,
          "level": stats.LEVEL, "seed": seed, "categories": {g: int(len(m)) for g, m in groups.items()},
-         "rewards": {}, "per_prompt": {}, "prompt_text": list(prompts) if prompts is not None else None,
+         "rewards": {}, "per_prompt": {}, "first_sample": {}, "prompt_text": list(prompts) if prompts is not None else None,
          "prompt_category": list(categories)}
   for reward in rewards:
     per_prompt = {s: stats.per_prompt(scores[s][reward]) for s in steps}
     out["per_prompt"][reward] = {str(s): per_prompt[s].tolist() for s in steps}
+    out["first_sample"][reward] = {str(s): np.asarray(scores[s][reward], np.float64)[:, 0].tolist() for s in steps}
     table = {}
     for group, members in groups.items():
       row = {"mean": {}, "difference": {}}

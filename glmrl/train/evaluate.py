@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 
+import jax
 import numpy as np
 from absl import logging
+from PIL import Image
 
 from glmrl.checkpoint.manager import saved_steps, write_json_atomic, write_text_atomic
 from glmrl.errors import UserError
+from glmrl.evaluation import page
 from glmrl.evaluation import report as report_lib
 from glmrl.evaluation import stats
 from glmrl.logging import run_writer
@@ -20,11 +23,12 @@ from glmrl.train.rollout import host_metadata
 from glmrl.train.sample import restored_params, sample_batches
 
 
-def score(run, params: dict) -> tuple[dict, np.ndarray, list]:
+def score(run, params: dict, first_samples_dir: str | None = None) -> tuple[dict, np.ndarray, list]:
   """Samples group_size images per held-out prompt with the fixed eval seed (the ODE, sampling.dit_steps) and
   scores them: ({reward name: [R * group_size] scores, prompt-major}, the first batch's images and prompts). The
   names are the logged ones without `eval/`: config.rewards' total `reward` and components `reward/<name>`, and
-  every other trained policy's own rewards under its prefix (`decoder/reward`, ...)."""
+  every other trained policy's own rewards under its prefix (`decoder/reward`, ...). `first_samples_dir`: each
+  prompt's first sample is written there as `<prompt index>.png` (the comparison page's images)."""
   g = run.group_size
   records = run.eval_records
   if not records:
@@ -33,6 +37,9 @@ def score(run, params: dict) -> tuple[dict, np.ndarray, list]:
   composers.update({run.policies[name].prefix(tuple(run.policies)): c for name, c in run.composers.items()
                     if c is not run.composer})
   scores, images_out, prompts_out = {}, None, None
+  if first_samples_dir:
+    os.makedirs(first_samples_dir, exist_ok=True)
+  done = 0
   for batch, out, real in sample_batches(run, records, params):
     prompts = [p for p in batch.prompts for _ in range(g)]
     keep = slice(0, real * g)
@@ -43,6 +50,10 @@ def score(run, params: dict) -> tuple[dict, np.ndarray, list]:
         scores.setdefault(f"{prefix}reward/{k}", []).append(to_host(v)[keep])
     if images_out is None:
       images_out, prompts_out = to_host(out.images)[keep], prompts[:real * g]
+    if first_samples_dir:
+      for i, image in enumerate(to_host(out.images)[keep][::g]):
+        Image.fromarray(image).save(os.path.join(first_samples_dir, f"{done + i}.png"))
+    done += real
   return {k: np.concatenate(v) for k, v in scores.items()}, images_out, prompts_out
 
 
@@ -98,7 +109,8 @@ def parse_steps(text: str) -> list[int]:
 
 def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
   """Every checkpoint of `steps` (0: the initial models, adapters off) on the same prompts with the same seeds;
-  writes <workdir>/eval/report.json and report.md (`glmrl.evaluation.report`) and each step's scalars and grid.
+  writes <workdir>/eval/report.json, report.md (`glmrl.evaluation.report`) and index.html (`glmrl.evaluation.page`:
+  each prompt's first sample at every checkpoint, under eval/images/<step>/) and each step's scalars and grid.
   Returns the report."""
   cfg = run.config
   scores = {}
@@ -106,7 +118,9 @@ def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
   try:
     for step in steps:
       params = run.sampling_params() if step == 0 else restored_params(run, workdir, use_ema, step)[0]
-      per_image, images, prompts = score(run, params)
+      # Process 0 writes the page's images and the reports (every process samples its shards).
+      first = os.path.join(workdir, "eval", "images", str(step)) if jax.process_index() == 0 else None
+      per_image, images, prompts = score(run, params, first)
       log_scores(writer, step, per_image, images, prompts, run.group_size, cfg.eval.seed)
       scores[step] = {k: v.reshape(-1, run.group_size) for k, v in per_image.items()}
       logging.info("eval of %s: reward %.4f", f"step {step}" if step else "the initial models",
@@ -115,13 +129,16 @@ def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
     writer.close()
   categories = [str(r.metadata.get("category", "all")) for r in run.eval_records]
   result = report_lib.compare(scores, categories, cfg.eval.seed, prompts=[r.prompt for r in run.eval_records])
+  if jax.process_index():
+    return result
   out_dir = os.path.join(workdir, "eval")
   os.makedirs(out_dir, exist_ok=True)
   write_json_atomic(os.path.join(out_dir, "report.json"), result)
   source = cfg.eval.benchmark or cfg.eval.prompts_file
-  write_text_atomic(os.path.join(out_dir, "report.md"),
-                    report_lib.markdown(result, f"{source}: steps {', '.join(map(str, steps))}") + "\n")
-  logging.info("wrote %s and report.md", os.path.join(out_dir, "report.json"))
+  title = f"{source}: steps {', '.join(map(str, steps))}"
+  write_text_atomic(os.path.join(out_dir, "report.md"), report_lib.markdown(result, title) + "\n")
+  write_text_atomic(os.path.join(out_dir, "index.html"), page.html(result, title, image_dir="images"))
+  logging.info("wrote %s, report.md and index.html", os.path.join(out_dir, "report.json"))
   return result
 
 

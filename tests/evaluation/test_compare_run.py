@@ -4,8 +4,13 @@ per-prompt scores by an independent numpy bootstrap over the same resamples (1e-
 end in one line before any sampling."""
 
 import json
+import os
+import re
+import shutil
+import subprocess
 
 import numpy as np
+import pytest
 
 from glmrl.evaluation import stats
 from tests.test_main import assert_one_line_error, run_main
@@ -41,6 +46,8 @@ def test_eval_compares_checkpoints_with_paired_intervals(tmp_path):
                                atol=1e-6)
   text = (workdir / "eval" / "report.md").read_text()
   assert "| overall | 4 |" in text and "step 2 - base (step 0)" in text
+  assert sorted(os.listdir(workdir / "eval" / "images" / "2")) == [f"{i}.png" for i in range(4)]
+  assert_page_renders(workdir / "eval" / "index.html", images=8)
 
   bad = run_main(*flags, "--mode=eval", "--config.eval.benchmark=parti:4", "--config.eval.steps=0,5",
                  tmp_path=workdir)
@@ -48,3 +55,20 @@ def test_eval_compares_checkpoints_with_paired_intervals(tmp_path):
   assert "(saved: [1, 2])" in bad.stderr
   bad = run_main(*flags, "--mode=eval", "--config.eval.benchmark=drawbench:16", tmp_path=workdir)
   assert_one_line_error(bad, "config.eval.benchmark='drawbench:16': must be '' or a shipped benchmark")
+
+
+def browser():
+  return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def assert_page_renders(path, images: int):
+  """Opens the page in headless Chromium (Debian's `chromium`; .ci/run installs it): after loading, the page's own
+  script has checked that every image decoded; the DOM Chromium dumps says so."""
+  if browser() is None:
+    pytest.skip("no Chromium on this machine (apt-get install chromium): the page was written but not rendered")
+  out = subprocess.run([browser(), "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+                        "--virtual-time-budget=5000", "--dump-dom", path.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  body = re.search(r"<body[^>]*>", out.stdout).group(0)
+  assert 'data-images-loaded="true"' in body and f'data-image-count="{images}"' in body, body

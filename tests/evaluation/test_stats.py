@@ -59,3 +59,12 @@ def test_report_groups_by_category_with_shared_resamples_and_marks_differences()
   text = report.markdown(out, "test")
   assert "## reward/x" in text and "| overall | 8 |" in text and "step 5 - base (step 0)" in text
   assert "+1.0000 [+1.0000, +1.0000] *" in text
+
+
+def test_page_escapes_prompts_and_links_each_checkpoints_image():
+  from glmrl.evaluation import page
+  scores = {0: {"reward": np.array([[0.1, 0.2], [0.3, 0.4]])}, 7: {"reward": np.array([[0.5, 0.6], [0.7, 0.8]])}}
+  out = report.compare(scores, ["x", "y"], seed=0, resamples=50, prompts=["<script>alert(1)</script>", "a & b"])
+  text = page.html(out, "t <1>")
+  assert "<script>alert(1)</script>" not in text and "&lt;script&gt;" in text and "a &amp; b" in text
+  assert 'src="images/7/1.png"' in text and "reward 0.7000<br>prompt mean 0.7500" in text

@@ -1,0 +1,71 @@
+"""The checkpoint comparison as a static web page: the report's overall table, then one row per prompt and one
+column per checkpoint, each cell the prompt's first sample at that checkpoint with its score and the prompt's
+mean over its samples under it. Plain HTML and CSS with relative image paths: open eval/index.html from disk or
+serve the folder; no server, no network. After loading, the page marks on its body whether every image decoded
+(`data-images-loaded`), which a headless browser can read back."""
+
+from __future__ import annotations
+
+import html as html_lib
+
+_STYLE = """
+body { font-family: sans-serif; margin: 1.5em; }
+table { border-collapse: collapse; }
+th, td { border: 1px solid #ccc; padding: 4px 6px; vertical-align: top; font-size: 13px; }
+td.prompt { max-width: 26em; }
+figure { margin: 0; text-align: center; }
+figure img { width: 160px; height: auto; image-rendering: pixelated; display: block; }
+.up { color: #17612b; } .down { color: #a11; }
+"""
+
+_LOADED = """
+window.addEventListener("load", () => {
+  const images = Array.from(document.images);
+  document.body.dataset.imagesLoaded = String(images.every((im) => im.complete && im.naturalWidth > 0));
+  document.body.dataset.imageCount = String(images.length);
+});
+"""
+
+
+def _ci(c: dict, signed: bool = False) -> str:
+  fmt = "{:+.4f}" if signed else "{:.4f}"
+  if c["low"] is None:
+    return fmt.format(c["mean"])
+  return f"{fmt.format(c['mean'])} [{fmt.format(c['low'])}, {fmt.format(c['high'])}]"
+
+
+def html(report: dict, title: str, image_dir: str = "images", reward: str = "reward") -> str:
+  """The page of `report` (`glmrl.evaluation.report.compare`, with its prompts' text), its images at
+  `<image_dir>/<step>/<prompt index>.png` relative to the page, cells scored by `reward`."""
+  esc = html_lib.escape
+  steps, base = report["steps"], report["base_step"]
+  name = lambda s: "base (step 0)" if s == 0 else f"step {s}"
+  table = report["rewards"][reward]
+  parts = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">", f"<title>{esc(title)}</title>",
+           f"<style>{_STYLE}</style>", f"<script>{_LOADED}</script></head><body>", f"<h1>{esc(title)}</h1>",
+           f"<p>{report['prompts']} prompts x {report['samples_per_prompt']} samples, the same seeds for every "
+           f"checkpoint; {esc(reward)}: means with {int(report['level'] * 100)}% bootstrap intervals over prompts, "
+           f"differences paired per prompt against {esc(name(base))}.</p>", "<table><tr><th>category</th>"
+           "<th>prompts</th>" + "".join(f"<th>{esc(name(s))}</th>" for s in steps) +
+           "".join(f"<th>{esc(name(s))} - {esc(name(base))}</th>" for s in steps[1:]) + "</tr>"]
+  for group, row in table.items():
+    cells = [esc(group), str(report["categories"][group])] + [_ci(row["mean"][str(s)]) for s in steps]
+    for s in steps[1:]:
+      d = row["difference"][str(s)]
+      mark = " up" if d["excludes_zero"] and d["mean"] > 0 else " down" if d["excludes_zero"] else ""
+      cells.append(f"<span class=\"{mark.strip()}\">{_ci(d, signed=True)}</span>")
+    parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+  parts.append("</table><h2>Samples</h2><table><tr><th>#</th><th>prompt</th><th>category</th>" +
+               "".join(f"<th>{esc(name(s))}</th>" for s in steps) + "</tr>")
+  per_prompt, first = report["per_prompt"][reward], report["first_sample"][reward]
+  texts = report.get("prompt_text") or [""] * report["prompts"]
+  for i, (text, category) in enumerate(zip(texts, report["prompt_category"])):
+    cells = []
+    for s in steps:
+      cells.append(f"<td><figure><img src=\"{esc(image_dir)}/{s}/{i}.png\" alt=\"prompt {i}, {esc(name(s))}\">"
+                   f"<figcaption>{esc(reward)} {first[str(s)][i]:.4f}<br>prompt mean {per_prompt[str(s)][i]:.4f}"
+                   "</figcaption></figure></td>")
+    parts.append(f"<tr><td>{i}</td><td class=\"prompt\">{esc(text)}</td><td>{esc(category)}</td>" + "".join(cells)
+                 + "</tr>")
+  parts.append("</table></body></html>")
+  return "\n".join(parts) + "\n"
