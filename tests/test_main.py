@@ -89,6 +89,8 @@ def assert_one_line_error(result, message):
     ("--config.decoder.nft_beta=0", "config.decoder.nft_beta=0.0: must be in (0, 1]"),
     ("--config.decoder.ema.decay=1.0", "config.decoder.ema.decay=1.0: must be in [0, 1)"),
     ("--config.decoder.sde_type=ode", "config.decoder.sde_type='ode': must be one of ['sde', 'cps']"),
+    ("--config.eval.benchmark=drawbench", "config.eval.benchmark='drawbench': must be '' or a shipped benchmark"),
+    ("--config.eval.steps=0,x", "config.eval.steps='0,x': must be '' or distinct step numbers"),
 ])
 def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_path):
   work = tmp_path / "work"
@@ -114,8 +116,12 @@ def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_pat
     (("--config.decoder.adv_std=none",), "config.decoder.adv_std='none': must be one of ['group', 'batch']"),
     (("--use_ema", "--mode=generate"), "--use_ema=True: the run keeps no moving average"),
     (("--config=configs/demo_decoder.py:nft", "--use_ema"), "--use_ema=True: --mode=train takes no --use_ema"),
+    (("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=geneval:4",
+      "--config.rewards=({'name': 'geneval', 'weight': 1.0, 'kwargs': {'url': 'http://127.0.0.1:1/score'}},)"),
+     "reward server http://127.0.0.1:1/score: nothing answers at http://127.0.0.1:1/health"),
 ])
 def test_bad_decoder_settings_fail_in_one_line_before_any_work(flags, message, tmp_path):
+  """(And the evaluation's detector that refuses: GenEval on its benchmark, the training prompts unread.)"""
   work = tmp_path / "work"
   config = () if any(f.startswith("--config=") for f in flags) else ("--config=configs/demo_decoder.py",)
   result = run_main(*config, *flags, tmp_path=work)

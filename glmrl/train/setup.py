@@ -121,7 +121,7 @@ def eval_source(config) -> str:
   return config.eval.prompts_file
 
 
-def load_records(config):
+def load_records(config, train: bool = True):
   records = load_prompts(config.data.prompts_file)
   eval_records = load_prompts(config.eval.prompts_file) if config.eval.prompts_file else []
   eval_path = eval_source(config)
@@ -136,11 +136,11 @@ def load_records(config):
         raise UserError(f"{path}:{r.line}: data.mode='i2i' needs source_images on every line")
       if config.data.mode == "t2i" and r.source_images:
         raise UserError(f"{path}:{r.line}: source_images given but data.mode='t2i' (set --config.data.mode=i2i)")
-  # What the rewards read of every prompt: the trained policies' rewards score the training prompts, and
-  # evaluation adds config.rewards.
+  # What the rewards read of every prompt: the trained policies' rewards score the training prompts (when the run
+  # trains), and evaluation adds config.rewards.
   request = registry.rollout_request(config)
   trained_entries = [e for p in registry.trained(config).values() for e in p.rewards(config, request)[0]]
-  for path, recs, entries in ((config.data.prompts_file, records, trained_entries),
+  for path, recs, entries in ((config.data.prompts_file, records, trained_entries if train else []),
                               (eval_path, eval_records, list(config.rewards) + trained_entries)):
     for entry in entries:
       for key in reward_registry.get(entry["name"]).needs:
@@ -217,7 +217,7 @@ def build(config, *, train: bool = False) -> Run:
   except ValueError as e:
     raise UserError(f"config.mesh: {e}") from None
   check_batch(config, mesh_shape)
-  records, eval_records = load_records(config)
+  records, eval_records = load_records(config, train)
   mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor)
   policies, request = registry.trained(config), registry.rollout_request(config)
   composers = {}
