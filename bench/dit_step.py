@@ -5,7 +5,9 @@ inputs; a step is the pipeline's pair of calls (conditional with the glyph embed
 unconditional with the negative ones and every prior token dropped) plus the guidance
 combination. With --i2i the conditional branch also reads a source-image KV cache and
 the unconditional one skips it, as in image-to-image. Prints the median time of each
-and the ratio, and the largest output difference.
+and the ratio, and the largest output difference. For text-to-image it also times our step with both branches as
+one forward of twice the batch (`model.dit_cfg_batched`, `glmrl.sampling.decode.guided_velocity`), side by side
+in the same interleaved run.
 
     python bench/dit_step.py --layers=4 --heads=8 --head_dim=64 --latent=32 --text_len=64 --batch=2
 """
@@ -50,7 +52,10 @@ import torch  # noqa: E402
 from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache  # noqa: E402
 from flax import nnx  # noqa: E402
 
+import dataclasses  # noqa: E402
+
 from glmrl.models.dit import DiTConfig  # noqa: E402
+from glmrl.sampling import decode  # noqa: E402
 from bench.timing import interleaved_medians  # noqa: E402
 from tests.models.dit import torch_ref  # noqa: E402
 
@@ -109,7 +114,26 @@ def main():
   run_ours()
   compile_s = time.perf_counter() - t0
   diff = float(np.max(np.abs(np.asarray(run_ours()) - run_ref())))
-  ours_s, ref_s = interleaved_medians([run_ours, run_ref], args.reps, warmup=True)
+  runs = [run_ours, run_ref]
+  if not args.i2i:
+    graphdef, state = nnx.split(model)
+    batch, text = j["glyph_embeds"].shape[:2]
+    cond = decode.Conditioning(j["prior_token_ids"], j["glyph_embeds"], jnp.ones((batch, text), bool),
+                               jnp.asarray(negative), jnp.ones((batch, text), bool))
+
+    @jax.jit
+    def batched_step(state, latents, timestep, size, crop):
+      m = nnx.merge(graphdef, state)
+      m.cfg = dataclasses.replace(m.cfg, cfg_batched=True)
+      return decode.guided_velocity(m, cond, latents, timestep, guidance, size, crop)
+
+    def run_batched():
+      return batched_step(state, j["latents"], j["timestep"], j["target_size"], j["crop_coords"]).block_until_ready()
+
+    batched_diff = float(np.max(np.abs(np.asarray(run_batched()) - np.asarray(run_ours()))))
+    runs.append(run_batched)
+  times = interleaved_medians(runs, args.reps, warmup=True)
+  ours_s, ref_s = times[0], times[1]
   n_params = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
   print(f"config: {args.layers} layers, {args.heads}x{args.head_dim} heads, {n_params / 1e6:.1f}M params, "
         f"batch {args.batch}, latents {args.latent}x{args.latent} ({(args.latent // 2) ** 2} image tokens), "
@@ -120,6 +144,10 @@ def main():
   print(f"ours (jit):  {ours_s * 1e3:.1f} ms / step (median of {args.reps}, interleaved)")
   print(f"diffusers:   {ref_s * 1e3:.1f} ms / step (median of {args.reps}, interleaved)")
   print(f"ratio diffusers / ours: {ref_s / ours_s:.2f}x")
+  if not args.i2i:
+    print(f"ours, both branches in one forward: {times[2] * 1e3:.1f} ms / step; diffusers / it: "
+          f"{ref_s / times[2]:.2f}x; sequential / batched: {ours_s / times[2]:.2f}x; max |batched - sequential| "
+          f"{batched_diff:.2e}")
   print(f"max |ours - diffusers| of the guided prediction: {diff:.2e}")
 
 

@@ -18,6 +18,9 @@ def base_config() -> ml_collections.ConfigDict:
   # DiT attention kernel: "xla" (all queries' scores at once), "blocked" (512 queries at a time: never the
   # [B, heads, S, S] scores of 1024^2 images), or "cudnn" (flash attention, NVIDIA GPUs, bf16).
   c.model.dit_attention = "xla"  # DiT attention kernel (see above).
+  # Classifier-free guidance's two DiT passes as one forward of twice the batch (larger matmuls; the pass's
+  # activations double: the README's compile tables are of the two sequential passes). Text-to-image only.
+  c.model.dit_cfg_batched = False  # Both CFG branches in one DiT forward.
   c.model.remat = False  # Rematerialise each AR decoder layer in the backward pass (saves activation memory).
 
   # Low-rank adapters on the AR generator: only the adapters (and their optimizer state) train, the base stays

@@ -114,6 +114,7 @@ RULES: dict[str, Rule] = {
     "model.param_dtype": choice(*DTYPES),
     "model.compute_dtype": choice(*DTYPES),
     "model.remat": BOOL,
+    "model.dit_cfg_batched": BOOL,
     "model.dit_attention": choice(*dit_attention.IMPLS),
     "lora.rank": integer(0, why="must be >= 0 (0: full fine-tuning)"),
     "lora.alpha": NON_NEGATIVE,

@@ -121,14 +121,15 @@ def checkpoint_configs(checkpoint_dir: str) -> GlmImageConfigs:
 
 
 def with_dtypes(configs: GlmImageConfigs, *, param_dtype, compute_dtype, remat: bool,
-                dit_attention: str | None = None) -> GlmImageConfigs:
+                dit_attention: str | None = None, dit_cfg_batched: bool = False) -> GlmImageConfigs:
   """The trained AR model takes the run's dtypes and remat; frozen models compute in compute_dtype;
   `dit_attention`: the DiT's `jax.nn.dot_product_attention` implementation (None: XLA's)."""
   replace = dataclasses.replace
   return replace(
       configs,
       ar=replace(configs.ar, param_dtype=param_dtype, dtype=compute_dtype, remat=remat),
-      dit=replace(configs.dit, param_dtype=compute_dtype, dtype=compute_dtype, attention_impl=dit_attention),
+      dit=replace(configs.dit, param_dtype=compute_dtype, dtype=compute_dtype, attention_impl=dit_attention,
+                  cfg_batched=dit_cfg_batched),
       vae=replace(configs.vae, param_dtype=compute_dtype, dtype=compute_dtype),
       glyph=replace(configs.glyph, param_dtype=compute_dtype, dtype=compute_dtype))
 

@@ -97,7 +97,8 @@ def guided_velocity(dit, cond: Conditioning, x_BxCxhxw, t, guidance_scale, targe
 
   A static guidance_scale of 1.0 (CFG-free: the unconditional branch has weight 0) runs the conditional branch
   alone: one DiT pass instead of two. Its velocity is v_c itself, not v_u + 1 (v_c - v_u) (equal up to
-  float32 rounding); a traced 1.0 takes the two-branch formula."""
+  float32 rounding); a traced 1.0 takes the two-branch formula. With the DiT's `cfg_batched` (text-to-image) the
+  two branches are one forward of twice the batch (`_both_branches`)."""
   batch = x_BxCxhxw.shape[0]
   read = "read" if source_cache is not None else None
   skip = "skip" if source_cache is not None else None
@@ -107,11 +108,36 @@ def guided_velocity(dit, cond: Conditioning, x_BxCxhxw, t, guidance_scale, targe
               prior_token_drop=drop, glyph_mask=mask, kv_cache=source_cache, cache_mode=mode)
     return (out[0] if mode else out).astype(jnp.float32)
 
-  v_cond = velocity(cond.glyph_BxSxD, cond.glyph_mask_BxS, False, read)
   if is_static(guidance_scale) and guidance_scale == 1.0:
-    return v_cond
-  v_uncond = velocity(cond.neg_glyph_BxSxD, cond.neg_glyph_mask_BxS, jnp.ones((batch, 1), bool), skip)
+    return velocity(cond.glyph_BxSxD, cond.glyph_mask_BxS, False, read)
+  if dit.cfg.cfg_batched and source_cache is None:
+    v_cond, v_uncond = _both_branches(dit, cond, x_BxCxhxw, t, target_size_Bx2, crop_Bx2)
+  else:
+    v_cond = velocity(cond.glyph_BxSxD, cond.glyph_mask_BxS, False, read)
+    v_uncond = velocity(cond.neg_glyph_BxSxD, cond.neg_glyph_mask_BxS, jnp.ones((batch, 1), bool), skip)
   return v_uncond + guidance_scale * (v_cond - v_uncond)
+
+
+def _both_branches(dit, cond: Conditioning, x_BxCxhxw, t, target_size_Bx2, crop_Bx2):
+  """(v_cond, v_uncond) float32 from one DiT forward of 2B rows: row 2i is sample i's conditional branch, row 2i + 1
+  its unconditional one (interleaved, so each device's rows of the batch-sharded inputs stay on it). The shorter
+  glyph sequence is padded to the longer with masked tokens, which no token attends to."""
+  batch = x_BxCxhxw.shape[0]
+  length = max(cond.glyph_BxSxD.shape[1], cond.neg_glyph_BxSxD.shape[1])
+
+  def padded(embeds, mask):
+    extra = length - embeds.shape[1]
+    return (jnp.pad(embeds, ((0, 0), (0, extra), (0, 0))), jnp.pad(mask, ((0, 0), (0, extra))))
+
+  pairs = lambda a, b: jnp.stack([a, b], axis=1).reshape(2 * batch, *a.shape[1:])
+  glyph_c, mask_c = padded(cond.glyph_BxSxD, cond.glyph_mask_BxS)
+  glyph_u, mask_u = padded(cond.neg_glyph_BxSxD, cond.neg_glyph_mask_BxS)
+  drop = pairs(jnp.zeros((batch, 1), bool), jnp.ones((batch, 1), bool))
+  out = dit(pairs(x_BxCxhxw, x_BxCxhxw), pairs(cond.prior_ids_BxX, cond.prior_ids_BxX), pairs(glyph_c, glyph_u),
+            jnp.full((2 * batch,), t) if jnp.ndim(t) == 0 else pairs(t, t), pairs(target_size_Bx2, target_size_Bx2),
+            pairs(crop_Bx2, crop_Bx2), prior_token_drop=drop, glyph_mask=pairs(mask_c, mask_u))
+  out_Bx2 = out.astype(jnp.float32).reshape(batch, 2, *out.shape[1:])
+  return out_Bx2[:, 0], out_Bx2[:, 1]
 
 
 def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,

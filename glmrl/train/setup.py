@@ -161,7 +161,8 @@ def model_configs(config) -> glm_image.GlmImageConfigs:
                                   compute_dtype=glm_image.DTYPES[config.model.compute_dtype],
                                   remat=config.model.remat,
                                   dit_attention={"xla": None}.get(config.model.dit_attention,
-                                                                  config.model.dit_attention))
+                                                                  config.model.dit_attention),
+                                  dit_cfg_batched=config.model.dit_cfg_batched)
   if "decoder" in config.train.policies.split("+") and config.model.remat:
     # The decoder update differentiates the DiT: without per-block remat one 1024^2 sample's backward keeps
     # every block's activations and attention scores of both CFG branches (--mode=compile on v5p-64: 226 GB of

@@ -39,7 +39,9 @@ class DiTConfig:
   `implementation` of `jax.nn.dot_product_attention` (None = XLA, "cudnn" = flash
   attention on NVIDIA GPUs in bf16/fp16) or "blocked" (`attention.query_blocked`, `attention_block`
   queries at a time); `remat`: rematerialise each block in the
-  backward pass. The runtime options are not part of the HF config.
+  backward pass; `cfg_batched`: classifier-free guidance runs its conditional and unconditional branches as one
+  forward of twice the batch (`glmrl.sampling.decode.guided_velocity`). The runtime options are not part of the
+  HF config.
   """
   patch_size: int = 2
   in_channels: int = 16
@@ -56,6 +58,7 @@ class DiTConfig:
   attention_impl: str | None = None
   attention_block: int = 512
   remat: bool = False
+  cfg_batched: bool = False
 
   def __post_init__(self):
     check_positive_ints(self, HF_FIELDS)
