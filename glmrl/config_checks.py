@@ -19,6 +19,7 @@ import ml_collections
 from glmrl import rewards as rewards_lib  # registers the built-in rewards
 from glmrl.data import benchmarks
 from glmrl.errors import UserError
+from glmrl.evaluation import report as eval_report
 from glmrl.grpo import advantages as grpo_advantages
 from glmrl.grpo import flow as grpo_flow
 from glmrl.grpo import loss as grpo_loss
@@ -26,12 +27,12 @@ from glmrl.grpo import matching as grpo_matching
 from glmrl.models import glm_image
 from glmrl.models import lora as lora_lib
 from glmrl.models.dit import attention as dit_attention
+from glmrl.policy import registry as policy_registry
 from glmrl.rewards import compose
 
 DTYPES = tuple(glm_image.DTYPES)
 POLICIES = ("ar", "decoder", "ar+decoder")
 MODES = ("train", "generate", "eval", "compile")
-DECODER_ALGORITHMS = ("flow_grpo", "nft", "awm")  # glmrl.policy.registry.DECODER_ALGORITHMS' keys
 
 
 class ConfigError(UserError):
@@ -102,8 +103,11 @@ def _benchmark_ok(value: str) -> bool:
 
 
 def _steps_ok(value: str) -> bool:
-  parts = [p.strip() for p in value.split(",")] if value.strip() else []
-  return all(p.isdigit() for p in parts) and len(set(parts)) == len(parts)
+  try:
+    eval_report.parse_steps(value)
+  except UserError:
+    return False
+  return True
 
 
 # One rule per field of configs/common.py (a test keeps the two in step).
@@ -164,7 +168,7 @@ RULES: dict[str, Rule] = {
     "train.micro_batch_size": integer(0, why="must be >= 0 (0 uses the whole batch at once)"),
     "train.max_consecutive_nonfinite": integer(1),
     "train.policies": choice(*POLICIES),
-    "decoder.algorithm": choice(*DECODER_ALGORITHMS),
+    "decoder.algorithm": choice(*policy_registry.DECODER_ALGORITHMS),
     "decoder.train_guidance": NON_NEGATIVE,
     "decoder.sde_type": choice(*grpo_flow.SDE_TYPES),
     "decoder.train_timesteps": integer(0, why="must be >= 0 (0: every step of decoder.train_steps)"),

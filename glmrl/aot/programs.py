@@ -149,7 +149,7 @@ def _conditioning(run: AbstractRun, rows: int) -> decode.Conditioning:
 
 def rollout_steps(run: AbstractRun) -> int:
   """Denoising steps of a training rollout: decoder.train_steps when the decoder trains, else sampling.dit_steps."""
-  return run.config.decoder.train_steps if run.request.sde or run.request.clean else run.config.sampling.dit_steps
+  return run.config.decoder.train_steps if run.request.trains_decoder else run.config.sampling.dit_steps
 
 
 def decoder(run: AbstractRun) -> Program:
@@ -175,8 +175,8 @@ def decoder(run: AbstractRun) -> Program:
       dit_def, dit_state, vae_def, vae_state, _conditioning(run, chunk),
       batch_array(mesh, (chunk, *run.latent_shape), jnp.float32),
       replicated(mesh, sched.model_timesteps.shape, jnp.float32), replicated(mesh, sched.sigmas.shape, jnp.float32),
-      decoder_policy.train_guidance(cfg) if run.request.sde or run.request.clean else float(
-          cfg.sampling.guidance_scale), batch_array(mesh, (chunk, 2), jnp.float32),
+      decoder_policy.train_guidance(cfg) if run.request.trains_decoder else float(cfg.sampling.guidance_scale),
+      batch_array(mesh, (chunk, 2), jnp.float32),
       batch_array(mesh, (chunk, 2), jnp.float32), None, *sde)
   return Program("decoder", lowered, (dit_state, vae_state))
 

@@ -54,10 +54,9 @@ def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> d
   dit_width = dit.num_attention_heads * dit.attention_head_dim
   one_pass = 2 * dit_params * t + 4 * dit.num_layers * t * t * dit_width  # one image, one step, one branch
   guided = 2 * one_pass  # both CFG branches
-  trains_decoder = request.sde or request.clean
-  steps = config.decoder.train_steps if trains_decoder else config.sampling.dit_steps
-  # A training rollout at decoder.train_guidance 1.0 runs the conditional branch alone.
-  rollout_pass = one_pass if trains_decoder and decoder_policy.train_guidance(config) == 1.0 else guided
+  steps = config.decoder.train_steps if request.trains_decoder else config.sampling.dit_steps
+  cfg_free = decoder_policy.train_guidance(config) == 1.0  # the decoder's training passes: one branch
+  rollout_pass = one_pass if request.trains_decoder and cfg_free else guided
   out = {"ar_sampler": float(ar_forward), "decoder": float(images * steps * rollout_pass)}
   if "ar" in policies:
     settings = policies["ar"].settings(config)
@@ -65,7 +64,7 @@ def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> d
                                                                   (2 if settings.lora.enabled else 4)))
   if "decoder" in policies:
     settings = policies["decoder"].settings(config)
-    train_pass = one_pass if decoder_policy.train_guidance(config) == 1.0 else guided
+    train_pass = one_pass if cfg_free else guided
     algorithm = config.decoder.algorithm
     # Forward + backward (2x, 4x with the whole DiT's weight gradients), the reference's forward under a KL,
     # and for nft (or an EMA anchor) the moving average's forward.

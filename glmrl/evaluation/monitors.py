@@ -28,9 +28,9 @@ NEAR_CONSTANT_STD = 0.02  # pixel std on the [0, 1] scale under which an image c
 def image_monitors(images_BxHxWx3, group_size: int) -> dict:
   """{"monitor/saturation", "monitor/near_constant_frac", "monitor/pairwise_distance"} of uint8 images whose
   consecutive `group_size` rows are one prompt's samples (float32 scalars, on device)."""
-  x_BxD = images_BxHxWx3.reshape(images_BxHxWx3.shape[0], -1).astype(jnp.float32) / 255.0
-  # Flat: every channel nearly constant over the image (a uniform colour, not only grey).
   pixels_BxNx3 = images_BxHxWx3.reshape(images_BxHxWx3.shape[0], -1, 3).astype(jnp.float32) / 255.0
+  x_BxD = pixels_BxNx3.reshape(pixels_BxNx3.shape[0], -1)
+  # Flat: every channel nearly constant over the image (a uniform colour, not only grey).
   flat = jnp.max(jnp.std(pixels_BxNx3, axis=1), axis=1) < NEAR_CONSTANT_STD
   g = group_size
   x_PxGxD = x_BxD.reshape(-1, g, x_BxD.shape[1])

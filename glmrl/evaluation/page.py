@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import html as html_lib
 
+from glmrl.evaluation.report import format_ci
+
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; }
 table { border-collapse: collapse; }
@@ -27,13 +29,6 @@ window.addEventListener("load", () => {
 """
 
 
-def _ci(c: dict, signed: bool = False) -> str:
-  fmt = "{:+.4f}" if signed else "{:.4f}"
-  if c["low"] is None:
-    return fmt.format(c["mean"])
-  return f"{fmt.format(c['mean'])} [{fmt.format(c['low'])}, {fmt.format(c['high'])}]"
-
-
 def html(report: dict, title: str, image_dir: str = "images", reward: str = "reward") -> str:
   """The page of `report` (`glmrl.evaluation.report.compare`, with its prompts' text), its images at
   `<image_dir>/<step>/<prompt index>.png` relative to the page, cells scored by `reward`."""
@@ -49,11 +44,11 @@ def html(report: dict, title: str, image_dir: str = "images", reward: str = "rew
            "<th>prompts</th>" + "".join(f"<th>{esc(name(s))}</th>" for s in steps) +
            "".join(f"<th>{esc(name(s))} - {esc(name(base))}</th>" for s in steps[1:]) + "</tr>"]
   for group, row in table.items():
-    cells = [esc(group), str(report["categories"][group])] + [_ci(row["mean"][str(s)]) for s in steps]
+    cells = [esc(group), str(report["categories"][group])] + [format_ci(row["mean"][str(s)]) for s in steps]
     for s in steps[1:]:
       d = row["difference"][str(s)]
       mark = " up" if d["excludes_zero"] and d["mean"] > 0 else " down" if d["excludes_zero"] else ""
-      cells.append(f"<span class=\"{mark.strip()}\">{_ci(d, signed=True)}</span>")
+      cells.append(f"<span class=\"{mark.strip()}\">{format_ci(d, signed=True)}</span>")
     parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
   parts.append("</table><h2>Samples</h2><table><tr><th>#</th><th>prompt</th><th>category</th>" +
                "".join(f"<th>{esc(name(s))}</th>" for s in steps) + "</tr>")

@@ -5,9 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from glmrl.errors import UserError
 from glmrl.evaluation import stats
 
 OVERALL = "overall"
+
+
+def parse_steps(text: str) -> list[int]:
+  """config.eval.steps, "0,500,1000" -> [0, 500, 1000] (0: the models before RL); "" -> []."""
+  if not text.strip():
+    return []
+  parts = [p.strip() for p in text.split(",")]
+  if not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
+    raise UserError(f"config.eval.steps={text!r}: must be distinct step numbers >= 0 separated by commas, "
+                    "e.g. 0,500,1000 (0: the models before RL)")
+  return [int(p) for p in parts]
 
 
 def compare(scores: dict, categories: list[str], seed: int, resamples: int = stats.RESAMPLES,
@@ -47,7 +59,8 @@ def compare(scores: dict, categories: list[str], seed: int, resamples: int = sta
   return out
 
 
-def _ci(c: dict, signed: bool = False) -> str:
+def format_ci(c: dict, signed: bool = False) -> str:
+  """"mean [low, high]" of `stats.mean_ci`'s output (4 decimals; signed for differences)."""
   fmt = "{:+.4f}" if signed else "{:.4f}"
   if c["low"] is None:
     return f"{fmt.format(c['mean'])} (one prompt: no interval)"
@@ -68,10 +81,10 @@ def markdown(report: dict, title: str) -> str:
     head = ["category", "prompts"] + [name(s) for s in steps] + [f"{name(s)} - {name(base)}" for s in steps[1:]]
     lines += [f"## {reward}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for group, row in table.items():
-      cells = [group, str(report["categories"][group])] + [_ci(row["mean"][str(s)]) for s in steps]
+      cells = [group, str(report["categories"][group])] + [format_ci(row["mean"][str(s)]) for s in steps]
       for s in steps[1:]:
         d = row["difference"][str(s)]
-        cells.append(_ci(d, signed=True) + (" *" if d["excludes_zero"] else ""))
+        cells.append(format_ci(d, signed=True) + (" *" if d["excludes_zero"] else ""))
       lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
   return "\n".join(lines)

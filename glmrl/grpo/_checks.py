@@ -1,6 +1,7 @@
 """Input validation shared by the GRPO functions (host-side, before tracing work)."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -19,3 +20,20 @@ def same_shape(name: str, x, ref_name: str, ref):
     raise ValueError(
         f"{name} has shape {tuple(x.shape)} but {ref_name} has shape {tuple(ref.shape)}; "
         "they must match exactly (no broadcasting)")
+
+
+def per_sample(name: str, a, x):
+  """A scalar, or a [B] vector reshaped to [B, 1, ..., 1] to broadcast against x [B, ...] (float32)."""
+  a = jnp.asarray(a, jnp.float32)
+  if a.ndim == 0:
+    return a
+  if tuple(a.shape) != (x.shape[0],):
+    raise ValueError(f"{name} has shape {tuple(a.shape)}; expected a scalar or ({x.shape[0]},), one per sample")
+  return a.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
+def latent_axes(x):
+  """The non-batch axes of x [B, ...]."""
+  if x.ndim < 1:
+    raise ValueError("latents must be [B, ...] with a leading batch axis, got a scalar")
+  return tuple(range(1, x.ndim))

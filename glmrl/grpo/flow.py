@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from glmrl.grpo._checks import is_static, same_shape
+from glmrl.grpo._checks import is_static, latent_axes, per_sample, same_shape
 from glmrl.grpo.loss import policy_loss
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -61,22 +61,6 @@ def _check_schedule(sigma, sigma_next, noise_level, sigma_guard):
     raise ValueError(f"noise_level={a} must be >= 0")
   if guard is not None and not np.all((guard >= 0) & (guard < 1)):
     raise ValueError(f"sigma_guard={guard} must lie in [0, 1) (it replaces sigma = 1 in 1 - sigma)")
-
-
-def _per_sample(name, a, x):
-  """A scalar, or a [B] vector reshaped to [B, 1, ..., 1] to broadcast against x [B, ...]."""
-  a = jnp.asarray(a, jnp.float32)
-  if a.ndim == 0:
-    return a
-  if tuple(a.shape) != (x.shape[0],):
-    raise ValueError(f"{name} has shape {tuple(a.shape)}; expected a scalar or ({x.shape[0]},), one per sample")
-  return a.reshape((-1,) + (1,) * (x.ndim - 1))
-
-
-def _latent_axes(x):
-  if x.ndim < 1:
-    raise ValueError("latents must be [B, ...] with a leading batch axis, got a scalar")
-  return tuple(range(1, x.ndim))
 
 
 def sde_std(sigma, sigma_next, noise_level, sigma_guard=None):
@@ -135,15 +119,15 @@ def sde_step_mean(x, v, sigma, sigma_next, noise_level, sigma_guard=None):
   """
   x, v = jnp.asarray(x), jnp.asarray(v)
   same_shape("v", v, "x", x)
-  _latent_axes(x)
+  latent_axes(x)
   std_t, step_std = sde_std(sigma, sigma_next, noise_level, sigma_guard)
   f32 = jnp.float32
   x32, v32 = x.astype(f32), v.astype(f32)
-  sigma_b = _per_sample("sigma", sigma, x)
-  dt_b = _per_sample("sigma_next", sigma_next, x) - sigma_b
+  sigma_b = per_sample("sigma", sigma, x)
+  dt_b = per_sample("sigma_next", sigma_next, x) - sigma_b
   if is_static(noise_level) and noise_level == 0:
     return x32 + dt_b * v32, step_std
-  std_b = _per_sample("std_t", std_t, x)
+  std_b = per_sample("std_t", std_t, x)
   drift = v32 + jnp.square(std_b) / (2.0 * sigma_b) * (x32 + (1.0 - sigma_b) * v32)
   return x32 + dt_b * drift, step_std
 
@@ -168,27 +152,28 @@ def cps_step_mean(x, v, sigma, sigma_next, noise_level):
   """
   x, v = jnp.asarray(x), jnp.asarray(v)
   same_shape("v", v, "x", x)
-  _latent_axes(x)
+  latent_axes(x)
   f32 = jnp.float32
   x32, v32 = x.astype(f32), v.astype(f32)
   a = jnp.asarray(noise_level, f32)
   sigma_next32 = jnp.asarray(sigma_next, f32)
   step_std = sigma_next32 * jnp.sin(a * (jnp.pi / 2))
-  sigma_b = _per_sample("sigma", sigma, x)
-  next_b = _per_sample("sigma_next", sigma_next32, x)
-  std_b = _per_sample("step_std", step_std, x)
+  sigma_b = per_sample("sigma", sigma, x)
+  next_b = per_sample("sigma_next", sigma_next32, x)
+  std_b = per_sample("step_std", step_std, x)
   mu = (x32 - sigma_b * v32) * (1.0 - next_b) + (x32 + (1.0 - sigma_b) * v32) * jnp.sqrt(
       jnp.square(next_b) - jnp.square(std_b))
   return mu, step_std
 
 
-def step_mean(sde_type: str, x, v, sigma, sigma_next, noise_level):
-  """(mu, step_std) of one stochastic step of `sde_type` ("sde": `sde_step_mean`, "cps": `cps_step_mean`)."""
+def step_mean(sde_type: str, x, v, sigma, sigma_next, noise_level, sigma_guard=None):
+  """(mu, step_std) of one stochastic step of `sde_type` ("sde": `sde_step_mean`, "cps": `cps_step_mean`, which
+  has no sigma = 1 singularity to guard)."""
   if sde_type == "cps":
     return cps_step_mean(x, v, sigma, sigma_next, noise_level)
   if sde_type != "sde":
     raise ValueError(f"sde_type={sde_type!r} is not one of {list(SDE_TYPES)}")
-  return sde_step_mean(x, v, sigma, sigma_next, noise_level)
+  return sde_step_mean(x, v, sigma, sigma_next, noise_level, sigma_guard)
 
 
 def sde_logprob(x_next, mu, step_std):
@@ -220,9 +205,9 @@ def sde_logprob(x_next, mu, step_std):
   """
   x_next, mu = jnp.asarray(x_next), jnp.asarray(mu)
   same_shape("x_next", x_next, "mu", mu)
-  axes = _latent_axes(mu)
+  axes = latent_axes(mu)
   std_B = jnp.broadcast_to(jnp.asarray(step_std, jnp.float32), (mu.shape[0],))
-  std_b = _per_sample("step_std", std_B, mu)
+  std_b = per_sample("step_std", std_B, mu)
   diff = x_next.astype(jnp.float32) - mu.astype(jnp.float32)
   logp_BxD = -jnp.square(diff) / (2.0 * jnp.square(std_b)) - jnp.log(std_b) - _LOG_SQRT_2PI
   logp_B = jnp.mean(logp_BxD, axis=axes) if axes else logp_BxD
@@ -254,14 +239,11 @@ def sde_step(x, v, sigma, sigma_next, noise_level, eps, sigma_guard=None, sde_ty
   """
   x, v, eps = jnp.asarray(x), jnp.asarray(v), jnp.asarray(eps)
   same_shape("eps", eps, "x", x)
-  if sde_type == "sde":
-    mu, step_std = sde_step_mean(x, v, sigma, sigma_next, noise_level, sigma_guard)
-  else:
-    mu, step_std = step_mean(sde_type, x, v, sigma, sigma_next, noise_level)
+  mu, step_std = step_mean(sde_type, x, v, sigma, sigma_next, noise_level, sigma_guard)
   if is_static(noise_level) and noise_level == 0:
     x_next = mu.astype(v.dtype)
   else:
-    x_next = (mu + _per_sample("step_std", step_std, x) * eps.astype(jnp.float32)).astype(v.dtype)
+    x_next = (mu + per_sample("step_std", step_std, x) * eps.astype(jnp.float32)).astype(v.dtype)
   return x_next, sde_logprob(x_next, mu, step_std)
 
 
@@ -290,7 +272,7 @@ def mean_kl(mu, mu_ref, step_std):
   """
   mu, mu_ref = jnp.asarray(mu), jnp.asarray(mu_ref)
   same_shape("mu_ref", mu_ref, "mu", mu)
-  axes = _latent_axes(mu)
+  axes = latent_axes(mu)
   std_B = jnp.broadcast_to(jnp.asarray(step_std, jnp.float32), (mu.shape[0],))
   sq = jnp.square(mu.astype(jnp.float32) - mu_ref.astype(jnp.float32))
   sq_B = jnp.mean(sq, axis=axes) if axes else sq

@@ -24,23 +24,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from glmrl.grpo._checks import same_shape
+from glmrl.grpo._checks import latent_axes, per_sample, same_shape
 
 AWM_WEIGHTINGS = ("uniform", "t", "t2")
-
-
-def _axes(x):
-  return tuple(range(1, x.ndim))
-
-
-def _per_sample(a_B, x):
-  return jnp.asarray(a_B, jnp.float32).reshape((-1,) + (1,) * (x.ndim - 1))
 
 
 def noised(x0, eps, sigma_B):
   """x_sigma = (1 - sigma) x0 + sigma eps [B, ...] float32: the forward process at flow time sigma."""
   same_shape("eps", eps, "x0", x0)
-  s = _per_sample(sigma_B, x0)
+  s = per_sample("sigma", sigma_B, x0)
   return (1.0 - s) * x0.astype(jnp.float32) + s * eps.astype(jnp.float32)
 
 
@@ -59,8 +51,8 @@ def optimality(advantages_B, adv_clip_max):
 def _weighted_x0_error(v, x_t, x0, sigma_b):
   """mean((x0_pred - x0)^2) / stop_gradient(mean |x0_pred - x0|) per sample, x0_pred = x_t - sigma v."""
   err = (x_t - sigma_b * v) - x0
-  weight = jax.lax.stop_gradient(jnp.maximum(jnp.mean(jnp.abs(err), axis=_axes(err)), 1e-5))
-  return jnp.mean(jnp.square(err), axis=_axes(err)) / weight
+  weight = jax.lax.stop_gradient(jnp.maximum(jnp.mean(jnp.abs(err), axis=latent_axes(err)), 1e-5))
+  return jnp.mean(jnp.square(err), axis=latent_axes(err)) / weight
 
 
 def nft_loss(v, v_old, x0, x_t, sigma_B, r_B, *, beta, scale):
@@ -78,7 +70,7 @@ def nft_loss(v, v_old, x0, x_t, sigma_B, r_B, *, beta, scale):
     same_shape(name, x, "v", v)
   f32 = jnp.float32
   v, v_old, x0, x_t = v.astype(f32), jax.lax.stop_gradient(v_old.astype(f32)), x0.astype(f32), x_t.astype(f32)
-  sigma_b = _per_sample(sigma_B, v)
+  sigma_b = per_sample("sigma", sigma_B, v)
   positive = beta * v + (1.0 - beta) * v_old
   negative = (1.0 + beta) * v_old - beta * v
   r = jnp.asarray(r_B, f32)
@@ -90,7 +82,7 @@ def awm_logprob(v, target, sigma_B, weighting: str = "uniform"):
   """[B] AWM's log-likelihood surrogate -w(sigma) mean((v - v*)^2): w = 1 ("uniform"), sigma ("t") or
   sigma^2 ("t2")."""
   same_shape("target", target, "v", v)
-  mse = jnp.mean(jnp.square(v.astype(jnp.float32) - target.astype(jnp.float32)), axis=_axes(v))
+  mse = jnp.mean(jnp.square(v.astype(jnp.float32) - target.astype(jnp.float32)), axis=latent_axes(v))
   sigma = jnp.asarray(sigma_B, jnp.float32)
   w = {"uniform": jnp.ones_like(sigma), "t": sigma, "t2": jnp.square(sigma)}[weighting]
   return -w * mse
@@ -101,4 +93,4 @@ def velocity_kl(v, v_ref):
   Gaussians of equal variance it is the KL up to a constant factor)."""
   same_shape("v_ref", v_ref, "v", v)
   return jnp.mean(jnp.square(v.astype(jnp.float32) - jax.lax.stop_gradient(v_ref.astype(jnp.float32))),
-                  axis=_axes(v))
+                  axis=latent_axes(v))

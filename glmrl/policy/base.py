@@ -43,6 +43,11 @@ class Request:
   clean: bool = False
 
   @property
+  def trains_decoder(self) -> bool:
+    """The rollout decodes with the decoder's training steps and guidance (an SDE window or clean latents)."""
+    return self.sde or self.clean
+
+  @property
   def images_per_prompt(self) -> int:
     return self.grids_per_prompt * self.samples_per_grid
 

@@ -48,10 +48,13 @@ def score(run, params: dict, first_samples_dir: str | None = None) -> tuple[dict
       scores.setdefault(f"{prefix}reward", []).append(to_host(total)[keep])
       for k, v in comps.items():
         scores.setdefault(f"{prefix}reward/{k}", []).append(to_host(v)[keep])
+    host = None
     if images_out is None:
-      images_out, prompts_out = to_host(out.images)[keep], prompts[:real * g]
+      host = to_host(out.images)[keep]
+      images_out, prompts_out = host, prompts[:real * g]
     if first_samples_dir:
-      for i, image in enumerate(to_host(out.images)[keep][::g]):
+      host = to_host(out.images)[keep] if host is None else host
+      for i, image in enumerate(host[::g]):
         Image.fromarray(image).save(os.path.join(first_samples_dir, f"{done + i}.png"))
     done += real
   return {k: np.concatenate(v) for k, v in scores.items()}, images_out, prompts_out
@@ -87,24 +90,13 @@ def run_eval(run, params: dict, writer, step: int) -> dict:
 def check_steps(config, workdir: str) -> list[int]:
   """config.eval.steps as a list (empty: the newest checkpoint alone); each step > 0 must have a checkpoint in
   the workdir (checked before any model is built)."""
-  steps = parse_steps(config.eval.steps)
+  steps = report_lib.parse_steps(config.eval.steps)
   saved = saved_steps(workdir)
   missing = [s for s in steps if s and s not in saved]
   if missing:
     raise UserError(f"config.eval.steps={config.eval.steps!r}: no checkpoint of step {missing[0]} in "
                     f"{os.path.join(workdir, 'checkpoints')} (saved: {saved or 'none'})")
   return steps
-
-
-def parse_steps(text: str) -> list[int]:
-  """"0,500,1000" -> [0, 500, 1000] (0: the models before RL); "" -> []."""
-  if not text.strip():
-    return []
-  parts = [p.strip() for p in text.split(",")]
-  if not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
-    raise UserError(f"config.eval.steps={text!r}: must be distinct step numbers >= 0 separated by commas, "
-                    "e.g. 0,500,1000 (0: the models before RL)")
-  return [int(p) for p in parts]
 
 
 def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:

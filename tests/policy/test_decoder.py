@@ -18,10 +18,10 @@ from flax import nnx
 
 from glmrl.grpo import flow
 from glmrl.models import lora as lora_lib
-from glmrl.models.dit import DiTConfig, GlmImageDiT
 from glmrl.models.vae import AutoencoderKL, VAEConfig
 from glmrl.sampling import decode, scheduler
 from glmrl.policy import decoder as decoder_policy
+from tests.policy.tiny_dit import adapted_dit
 
 H = W = 64
 STEPS, START, SIZE = 4, 1, 2
@@ -37,18 +37,9 @@ def spec(**kw):
 
 @pytest.fixture(scope="module")
 def setup():
-  dit_cfg = DiTConfig.tiny()
+  dit_cfg, graphdef, adapters, base, cond, rng = adapted_dit(B, H, W)
   vae_cfg = VAEConfig.tiny(block_out_channels=(8, 8, 16, 16), latent_channels=dit_cfg.in_channels)
-  dit, vae = GlmImageDiT(dit_cfg, rngs=nnx.Rngs(0)), AutoencoderKL(vae_cfg, rngs=nnx.Rngs(1))
-  lora_lib.apply_lora(dit, lora_lib.LoraConfig(rank=4, alpha=8.0, targets=lora_lib.DIT_TARGETS), nnx.Rngs(2))
-  graphdef, adapters, base = nnx.split(dit, lora_lib.LoraParam, ...)
-  # Non-zero B: the adapters change the velocity, so the KL and the gradient wrt A are not trivially zero.
-  adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(3), x.shape), adapters)
-  rng = np.random.default_rng(0)
-  grid = rng.integers(0, dit_cfg.prior_vq_quantizer_codebook_size, size=(B, H // 32, W // 32))
-  glyph = jnp.asarray(rng.normal(size=(B, 5, dit_cfg.text_embed_dim)), jnp.float32)
-  ones = jnp.ones((B, 5), bool)
-  cond = decode.Conditioning(decode.upsample_prior_tokens(jnp.asarray(grid)), glyph, ones, -glyph, ones)
+  vae = AutoencoderKL(vae_cfg, rngs=nnx.Rngs(1))
   sched = scheduler.glm_image_schedule(STEPS, H, W, scheduler.SchedulerConfig.full())
   timesteps, sigmas = jnp.asarray(sched.model_timesteps), jnp.asarray(sched.sigmas)
   latents = jnp.asarray(rng.normal(size=(B, dit_cfg.in_channels, H // 8, W // 8)), jnp.float32)

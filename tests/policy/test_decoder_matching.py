@@ -19,9 +19,9 @@ from flax import nnx
 
 from glmrl.grpo import flow, matching
 from glmrl.models import lora as lora_lib
-from glmrl.models.dit import DiTConfig, GlmImageDiT
 from glmrl.policy import decoder_matching as dm
 from glmrl.sampling import decode, scheduler
+from tests.policy.tiny_dit import adapted_dit
 
 H = W = 64
 STEPS, SLOTS, B = 4, 2, 4
@@ -36,17 +36,8 @@ def spec(**kw):
 
 @pytest.fixture(scope="module")
 def setup():
-  dit_cfg = DiTConfig.tiny()
-  dit = GlmImageDiT(dit_cfg, rngs=nnx.Rngs(0))
-  lora_lib.apply_lora(dit, lora_lib.LoraConfig(rank=4, alpha=8.0, targets=lora_lib.DIT_TARGETS), nnx.Rngs(2))
-  graphdef, adapters, base = nnx.split(dit, lora_lib.LoraParam, ...)
-  adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(3), x.shape), adapters)
+  dit_cfg, graphdef, adapters, base, cond, rng = adapted_dit(B, H, W)
   ema = jax.tree.map(lambda x: x + 0.02 * jax.random.normal(jax.random.key(5), x.shape), adapters)
-  rng = np.random.default_rng(0)
-  grid = rng.integers(0, dit_cfg.prior_vq_quantizer_codebook_size, size=(B, H // 32, W // 32))
-  glyph = jnp.asarray(rng.normal(size=(B, 5, dit_cfg.text_embed_dim)), jnp.float32)
-  ones = jnp.ones((B, 5), bool)
-  cond = decode.Conditioning(decode.upsample_prior_tokens(jnp.asarray(grid)), glyph, ones, -glyph, ones)
   sched = scheduler.glm_image_schedule(STEPS, H, W, scheduler.SchedulerConfig.full())
   timesteps, sigmas = dm.draw_slots(jax.random.key(6), jnp.asarray(sched.model_timesteps),
                                     jnp.asarray(sched.sigmas), B, SLOTS)
