@@ -1,8 +1,8 @@
 """The decoder-RL algorithms side by side on the decoder demo, as users run them:
-`main.py --config=configs/demo_decoder.py:<variant>` for flow_grpo, cps (Flow-GRPO with CPS steps, CFG-free), nft
-and awm, one after the other on the same machine, each 30 steps of the same tiny model, reward and seed.
+`main.py --config=configs/demo_decoder.py:<variant>` for flow_grpo, cps (Flow-GRPO with CPS steps, CFG-free), guard
+(GRPO-Guard's ratio, MixGRPO's sliding window), nft and awm, one after the other on the same machine, each 30 steps of the same tiny model, reward and seed.
 
-    python bench/decoder_algorithms.py [--out=docs/decoder_algorithms.png] [--threads=N]
+    python bench/decoder_algorithms.py [--out=docs/decoder_algorithms.png] [--threads=N] [--variants=nft,awm]
 
 Prints per variant: wall time of the run (process start to end), seconds of its 30 steps (their `time/step`
 summed: rollout, reward and update, the first step's compilation included), the mean reward of the first and the
@@ -27,7 +27,8 @@ sys.path.insert(0, HERE)
 
 from glmrl.logging.plot import plot_series  # noqa: E402
 
-VARIANTS = {"flow_grpo": "flow_grpo", "flow_grpo + cps, CFG-free": "cps", "nft": "nft", "awm": "awm"}
+VARIANTS = {"flow_grpo": "flow_grpo", "flow_grpo + cps, CFG-free": "cps",
+            "flow_grpo + GRPO-Guard, sliding window": "guard", "nft": "nft", "awm": "awm"}
 REWARD = "decoder/reward/mean"
 
 
@@ -66,12 +67,16 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", default=os.path.join(HERE, "docs", "decoder_algorithms.png"))
   p.add_argument("--threads", type=int, default=None)
+  p.add_argument("--variants", default=",".join(VARIANTS.values()), help="comma-separated demo variants to run")
   args = p.parse_args()
+  chosen = args.variants.split(",")
   print(f"threads: {args.threads or 'all cores (XLA default)'}; {os.cpu_count()} cores")
   print("| variant | steps | run wall s | steps s | reward, first quarter | last quarter | t |")
   print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
   series = {}
   for label, variant in VARIANTS.items():
+    if variant not in chosen:
+      continue
     r = run(variant, args.threads)
     first, last, t = rise_t(r["rewards"])
     print(f"| {label} | {r['steps']} | {r['wall']:.1f} | {r['seconds'][-1]:.1f} | {first:.4f} | {last:.4f} | "

@@ -123,7 +123,16 @@ def base_config() -> ml_collections.ConfigDict:
   # Steps [lo, hi) a random window lies within; hi 0: the first half (train_steps // 2, at least lo + window_size).
   # hi <= train_steps - 1: a random window never holds the final step (its noise would stay in the decoded image).
   c.decoder.window_range = (0, 0)  # (lo, hi) of a random window (Flow-GRPO's sde_window_range).
+  # MixGRPO's sliding window (arXiv:2507.21802) instead of a random one: the start walks window_range from lo by
+  # window_slide_stride steps (0: window_size, non-overlapping) every window_slide_every rollout steps, then stays
+  # at the last start, or with window_slide_roll_back starts over.
+  c.decoder.window_slide_every = 0  # Rollout steps per window position; 0: a random window per rollout.
+  c.decoder.window_slide_stride = 0  # Steps the window moves each time; 0: window_size.
+  c.decoder.window_slide_roll_back = False  # Past the last start: back to the first (True) or stay (False).
   c.decoder.clip_range = 1e-4  # PPO clip of the per-step ratio of mean log-probs (Flow-GRPO's 1e-4).
+  # GRPO-Guard (arXiv:2510.22319): the ratio's log scaled by the step's noise std with its mean-shift bias added
+  # back (`glmrl.grpo.flow.guard_log_ratio`), so the clip acts alike on every step; retune clip_range with it.
+  c.decoder.ratio_norm = False  # GRPO-Guard's normalised ratio (flow_grpo).
   c.decoder.adv_std = "group"  # Advantages divided by the group's reward std ("group") or the batch's ("batch").
   c.decoder.adv_clip_max = 5.0  # Advantages are clipped to [-adv_clip_max, adv_clip_max].
   c.decoder.beta = 0.0  # KL weight on the step means vs the initial DiT (adapters off with DiT LoRA).

@@ -5,6 +5,8 @@ The AR generator is sampled but not trained (one token grid per prompt); the DiT
 --workdir=DIR`, ALGORITHM one of
 - (none) or `flow_grpo`: Flow-GRPO on a 2-step SDE window of 4 CFG-guided steps;
 - `cps`: Flow-GRPO's newer recipe: the CPS sampler (noise 0.8) and CFG-free training (one DiT pass per step);
+- `guard`: Flow-GRPO with GRPO-Guard's normalised ratio and MixGRPO's sliding window (it moves one step later
+  halfway through);
 - `nft`: DiffusionNFT, CFG-free ODE rollouts sampled by the moving average;
 - `awm`: Advantage Weighted Matching, CFG-free ODE rollouts.
 """
@@ -12,7 +14,7 @@ The AR generator is sampled but not trained (one token grid per prompt); the DiT
 from configs import demo
 
 
-ALGORITHMS = ("flow_grpo", "cps", "nft", "awm")
+ALGORITHMS = ("flow_grpo", "cps", "guard", "nft", "awm")
 
 
 def get_config(arg=None):
@@ -35,11 +37,14 @@ def get_config(arg=None):
   # The tiny random VAE's brightness hardly moves with its latents; its saturation does (a "detail" reward
   # the decoder can raise on its own, as the report gives the decoder the high-frequency rewards).
   c.decoder.rewards = ({"name": "saturation", "weight": 1.0},)
-  c.decoder.algorithm = "flow_grpo" if algorithm == "cps" else algorithm
+  c.decoder.algorithm = "flow_grpo" if algorithm in ("cps", "guard") else algorithm
   if algorithm == "cps":
     c.decoder.sde_type = "cps"
     c.decoder.noise_level = 0.8
     c.decoder.train_guidance = 1.0
+  if algorithm == "guard":
+    c.decoder.ratio_norm = True
+    c.decoder.window_slide_every, c.decoder.window_slide_stride = 15, 1
   if algorithm in ("nft", "awm"):
     c.decoder.train_guidance = 1.0  # CFG-free: one DiT pass per step, in the rollout and the update
     c.decoder.train_timesteps = 2  # of the 4 steps, per image per update

@@ -187,6 +187,10 @@ RULES: dict[str, Rule] = {
         isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v),
         "must be (lo, hi): two integers >= 0 (hi 0: the first half of the steps)"),
     "decoder.window_start": Rule(int, lambda v: v >= -1, "must be -1 (random per rollout) or a step index >= 0"),
+    "decoder.window_slide_every": integer(0, why="must be >= 0 (0: a random window per rollout)"),
+    "decoder.window_slide_stride": integer(0, why="must be >= 0 (0: window_size)"),
+    "decoder.window_slide_roll_back": BOOL,
+    "decoder.ratio_norm": BOOL,
     "decoder.clip_range": POSITIVE,
     "decoder.adv_std": choice("group", "batch"),
     "decoder.adv_clip_max": POSITIVE,
@@ -275,6 +279,12 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
            "every step)")
     _check(hi == 0 or lo + size <= hi <= steps - 1, "config.decoder.window_range", (lo, hi),
            f"hi must be 0 (the first half) or in [lo + window_size, train_steps - 1] = [{lo + size}, {steps - 1}]")
+  slide = values["decoder.window_slide_every"]
+  _check(slide == 0 or start == -1, "config.decoder.window_slide_every", slide,
+         f"a sliding window moves its start; config.decoder.window_start={start} fixes it (pass one of them)")
+  for key in ("decoder.window_slide_every", "decoder.ratio_norm"):
+    _check(not values[key] or values["decoder.algorithm"] == "flow_grpo", f"config.{key}", values[key],
+           f"is flow_grpo's (SDE windows); config.decoder.algorithm={values['decoder.algorithm']!r} has none")
   if values["decoder.sde_type"] == "cps" and values["decoder.algorithm"] == "flow_grpo":
     _check(size <= steps - 1, "config.decoder.window_size", size,
            f"must be <= config.decoder.train_steps - 1 = {steps - 1} with decoder.sde_type='cps' (its final step "

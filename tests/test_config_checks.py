@@ -121,3 +121,22 @@ def test_cudnn_attention_needs_a_gpu():
   else:
     with pytest.raises(config_checks.ConfigError, match="cuDNN flash attention needs NVIDIA GPUs"):
       config_checks.validate(cfg)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"window_slide_every": 2, "window_start": 0},
+     r"config.decoder.window_slide_every=2: a sliding window moves its start; config.decoder.window_start=0 fixes"),
+    ({"window_slide_every": -1}, r"config.decoder.window_slide_every=-1: must be >= 0"),
+    ({"ratio_norm": True, "algorithm": "nft", "ema": {"every": 1}},
+     r"config.decoder.ratio_norm=True: is flow_grpo's \(SDE windows\); config.decoder.algorithm='nft' has none"),
+    ({"window_slide_stride": -2}, r"config.decoder.window_slide_stride=-2: must be >= 0"),
+])
+def test_sliding_window_and_guard_settings(overrides, message):
+  cfg = load_config("demo_decoder")
+  for key, value in overrides.items():
+    if isinstance(value, dict):
+      cfg.decoder[key].update(value)
+    else:
+      cfg.decoder[key] = value
+  with pytest.raises(config_checks.ConfigError, match=message):
+    config_checks.validate(cfg)

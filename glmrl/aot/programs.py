@@ -232,7 +232,8 @@ def _decoder_batch(run: AbstractRun) -> tuple:
   rollout = decoder_policy.DecoderRollout(
       cond=_conditioning(run, b), target_size=batch_array(mesh, (b, 2), jnp.float32),
       crop=batch_array(mesh, (b, 2), jnp.float32), latents_before=latents, latents_after=latents,
-      sampler_logp=per_step, old_logp=per_step, advantages=batch_array(mesh, (b,), jnp.float32), mask=per_step)
+      sampler_logp=per_step, old_logp=per_step, advantages=batch_array(mesh, (b,), jnp.float32), mask=per_step,
+      old_mean=latents if run.config.decoder.ratio_norm else None)
   window = decoder_policy.Window(*(replicated(mesh, (steps,), jnp.float32) for _ in range(3)))
   return (b,), decoder_policy.DecoderBatch(rollout, window)
 

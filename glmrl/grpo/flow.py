@@ -279,6 +279,30 @@ def mean_kl(mu, mu_ref, step_std):
   return sq_B / (2.0 * jnp.square(std_B))
 
 
+def guard_log_ratio(logp_B, old_logp_B, mu, old_mu, step_std):
+  """[B] GRPO-Guard's normalised log-ratio of one SDE step (Wang et al. 2025, "GRPO-Guard: Mitigating Implicit
+  Over-Optimization in Flow Matching via Regulated Clipping", arXiv:2510.22319).
+
+  s (logp - old_logp) + mean((mu - old_mu)^2) / (2 s), with s = step_std the step's noise std (std_t sqrt(-dt))
+  and the means over the latent dims, as X-GenGroup/Flow-Factory writes it (trainers/grpo.py,
+  `GRPOGuardTrainer.optimize`: `scale_factor`, `mse`, `ratio`). Why: with x' = old_mu + s eps (the step was
+  sampled by the old policy) and `sde_logprob`'s per-element mean, logp - old_logp = mean(2 d (x' - old_mu) -
+  d^2) / (2 s^2), d = mu - old_mu, whose expectation under the sampler is -mean(d^2) / (2 s^2) < 0: the ratio is
+  biased low, and by 1/s^2, most at the low-noise steps, so the low clip fires there and the high one rarely
+  does. Adding the bias back and multiplying by s leaves mean(d eps): zero-mean whatever the step, and its
+  gradient s times the plain one (GRPO-Guard's per-step gradient reweighting). On-policy (old = stop_gradient
+  of the new) the value is 0 exactly, the ratio exp(0) = 1.
+  """
+  logp_B, old_logp_B = jnp.asarray(logp_B, jnp.float32), jnp.asarray(old_logp_B, jnp.float32)
+  mu, old_mu = jnp.asarray(mu, jnp.float32), jnp.asarray(old_mu, jnp.float32)
+  same_shape("old_logp", old_logp_B, "logp", logp_B)
+  same_shape("old_mu", old_mu, "mu", mu)
+  std_B = jnp.broadcast_to(jnp.asarray(step_std, jnp.float32), logp_B.shape)
+  axes = latent_axes(mu)
+  mse_B = jnp.mean(jnp.square(mu - old_mu), axis=axes) if axes else jnp.square(mu - old_mu)
+  return std_B * (logp_B - old_logp_B) + mse_B / (2.0 * std_B)
+
+
 def flow_policy_loss(logp_B, old_logp_B, advantages_B, mask_B, *, clip_range, adv_clip_max, kl_B=None, beta=0.0):
   """Flow-GRPO's loss terms of one trained timestep: (numerator, denominator, aux) of a token-mean.
 

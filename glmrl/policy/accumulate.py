@@ -36,11 +36,11 @@ def split_micro(tree, m: int):
   return jax.tree_util.tree_map_with_path(one, tree)
 
 
-def merge_micro(x_MxBxN):
-  """The inverse of `split_micro` for a [m, B/m, N] result: rows back in batch order."""
-  if x_MxBxN is None:
+def merge_micro(x_MxBx_):
+  """The inverse of `split_micro` for a [m, B/m, ...] result: rows back in batch order."""
+  if x_MxBx_ is None:
     return None
-  return jnp.moveaxis(x_MxBxN, 0, 1).reshape(-1, x_MxBxN.shape[-1])
+  return jnp.moveaxis(x_MxBx_, 0, 1).reshape(-1, *x_MxBx_.shape[2:])
 
 
 # Metric names of the statistics a loss may report (masked means, `add`'s `mean_stats`).

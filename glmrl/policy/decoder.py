@@ -45,6 +45,8 @@ class DecoderRollout:
   old_logp: jax.Array         # [B, W] the learner's, from the first update (NaN until then)
   advantages: jax.Array       # [B]
   mask: jax.Array             # [B, W] 1 in the loss, 0 for dropped groups
+  # [B, W, C, h, w] the learner's step means from the first update (GRPO-Guard's old mean; None without it)
+  old_mean: jax.Array | None = None
 
 
 @struct.dataclass
@@ -80,6 +82,7 @@ class DecoderSpec:
   # The KL reference: "params" (a copy of the initial DiT, `ref_params`) or "adapters_off" (DiT LoRA).
   reference: str = "params"
   sde_type: str = "sde"  # the stochastic step: "sde" or "cps" (`glmrl.grpo.flow.step_mean`)
+  ratio_norm: bool = False  # GRPO-Guard's normalised ratio (`glmrl.grpo.flow.guard_log_ratio`)
 
 
 def step_mean(graphdef, params, frozen, mb: DecoderRollout, window: Window, w, spec: DecoderSpec):
@@ -102,10 +105,15 @@ def _timestep_loss(params, graphdef, frozen, mb, window, w, mu_ref, first, spec)
   logp, mu, std = step_logprob(graphdef, params, frozen, mb, window, w, spec)
   old = jnp.where(first, jax.lax.stop_gradient(logp), mb.old_logp[:, w])
   kl = None if mu_ref is None else flow.mean_kl(mu, mu_ref, std)
+  old_mu, new, reference = None, logp, old
+  if spec.ratio_norm:
+    # The log-ratio itself goes in as "logp" against 0: exp(new - 0) is GRPO-Guard's ratio.
+    old_mu = jnp.where(first, jax.lax.stop_gradient(mu), mb.old_mean[:, w])
+    new, reference = flow.guard_log_ratio(logp, old, mu, old_mu, std), jnp.zeros_like(logp)
   numerator, denominator, aux = flow.flow_policy_loss(
-      logp, old, mb.advantages, mb.mask[:, w], clip_range=spec.clip_range, adv_clip_max=spec.adv_clip_max,
+      new, reference, mb.advantages, mb.mask[:, w], clip_range=spec.clip_range, adv_clip_max=spec.adv_clip_max,
       kl_B=kl, beta=spec.beta)
-  return numerator, (dict(aux, denominator=denominator), old)
+  return numerator, (dict(aux, denominator=denominator), (old, old_mu))
 
 
 _MEAN_STATS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
@@ -113,7 +121,8 @@ _MEAN_STATS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
 
 def accumulate_gradients(graphdef, params, frozen, rollout: DecoderRollout, window: Window, ref_params, first, *,
                          spec: DecoderSpec):
-  """(summed float32 gradient of the numerators, statistics, old_logp [B, W]) over micro-batches x steps."""
+  """(summed float32 gradient of the numerators, statistics, (old_logp [B, W], old_mean [B, W, C, h, w] or
+  None)) over micro-batches x steps."""
   grad_fn = jax.grad(_timestep_loss, has_aux=True)
   if spec.reference == "adapters_off":
     ref_params = lora_lib.adapters_off(params)
@@ -129,26 +138,27 @@ def accumulate_gradients(graphdef, params, frozen, rollout: DecoderRollout, wind
     return accumulate.add(carry, grads, aux, aux["denominator"], _MEAN_STATS), old
 
   def micro_batch(carry, mb):
-    carry, old_WxB = jax.lax.scan(lambda c, w: timestep(c, w, mb), carry, jnp.arange(steps))
-    return carry, old_WxB.T
+    carry, old_W = jax.lax.scan(lambda c, w: timestep(c, w, mb), carry, jnp.arange(steps))
+    return carry, jax.tree.map(lambda x_WxB: jnp.swapaxes(x_WxB, 0, 1), old_W)
 
-  (grads_sum, stats), old_MxBxW = jax.lax.scan(micro_batch, accumulate.init(params, _MEAN_STATS),
-                                               accumulate.split_micro(rollout, spec.micro_batches))
-  return grads_sum, stats, accumulate.merge_micro(old_MxBxW)
+  (grads_sum, stats), old_M = jax.lax.scan(micro_batch, accumulate.init(params, _MEAN_STATS),
+                                           accumulate.split_micro(rollout, spec.micro_batches))
+  return grads_sum, stats, jax.tree.map(accumulate.merge_micro, old_M)
 
 
 def update(graphdef, params, frozen, opt_state, batch: DecoderBatch, ref_params=None, first=True, *,
            spec: DecoderSpec, tx: optax.GradientTransformation, schedule):
-  """One optimizer step of the DiT on the rollout's trained steps; returns (params, opt_state, metrics, old_logp).
+  """One optimizer step of the DiT on the rollout's trained steps; returns (params, opt_state, metrics,
+  (old_logp, old_mean or None)).
 
   A non-finite loss or gradient leaves params and optimizer state untouched and reports `skipped = 1`.
   """
-  grads_sum, stats, old_logp = accumulate_gradients(graphdef, params, frozen, batch.rollout, batch.window,
-                                                    ref_params, first, spec=spec)
+  grads_sum, stats, old = accumulate_gradients(graphdef, params, frozen, batch.rollout, batch.window,
+                                               ref_params, first, spec=spec)
   # Every (sample, step) in the loss counts once: the statistics' means are over the denominator.
   new_params, new_opt_state, metrics = accumulate.apply(tx, schedule, params, opt_state, grads_sum, stats,
                                                         jnp.maximum(stats["denominator"], 1.0))
-  return new_params, new_opt_state, metrics, old_logp
+  return new_params, new_opt_state, metrics, old
 
 
 def train_guidance(config) -> float:
@@ -168,7 +178,8 @@ def decoder_spec(config, images: int) -> DecoderSpec:
       noise_level=float(d.noise_level), guidance_scale=train_guidance(config),
       clip_range=float(d.clip_range), adv_clip_max=float(d.adv_clip_max), beta=settings.beta,
       micro_batches=micro_batches(config, images),
-      reference="adapters_off" if settings.lora.enabled else "params", sde_type=d.sde_type)
+      reference="adapters_off" if settings.lora.enabled else "params", sde_type=d.sde_type,
+      ratio_norm=bool(d.ratio_norm))
 
 
 def window_starts(config) -> tuple[int, int]:
@@ -181,12 +192,24 @@ def window_starts(config) -> tuple[int, int]:
   return lo, hi - d.window_size
 
 
-def window_start(config, key):
-  """The SDE window's first step: config.decoder.window_start, or -1: uniform over `window_starts`."""
+def window_start(config, key, step: int = 0):
+  """The SDE window's first step at rollout step `step`: config.decoder.window_start; or with
+  decoder.window_slide_every = n > 0, MixGRPO's progressive sliding window (Li et al. 2025, arXiv:2507.21802;
+  `GRPOTrainingStates`, sample_strategy "progressive", in Tencent-Hunyuan's MixGRPO fastvideo/utils/grpo_states.py):
+  from the first start of `window_starts`, moved by decoder.window_slide_stride steps every n rollout steps, held
+  at the last start (or, with window_slide_roll_back, back to the first); else (-1) uniform over `window_starts`.
+  A function of the step, so a resumed run slides as an uninterrupted one."""
   d = config.decoder
   if d.window_start >= 0:
     return jnp.asarray(d.window_start, jnp.int32)
   first, last = window_starts(config)
+  if d.window_slide_every > 0:
+    stride = d.window_slide_stride or d.window_size
+    moved = (step // d.window_slide_every) * stride
+    if d.window_slide_roll_back:
+      # MixGRPO rolls back once the start passes the last one: the starts first, first + stride, ... <= last.
+      moved %= ((last - first) // stride + 1) * stride
+    return jnp.asarray(min(first + moved, last), jnp.int32)
   return jax.random.randint(key, (), first, last + 1, jnp.int32)
 
 
@@ -234,7 +257,10 @@ class DecoderPolicy:
     sde = sampled.sde
     rollout = sde.rollout.replace(
         old_logp=jnp.full_like(sde.rollout.sampler_logp, jnp.nan), advantages=advantages,
-        mask=jnp.broadcast_to(keep[:, None], (keep.shape[0], config.decoder.window_size)))
+        mask=jnp.broadcast_to(keep[:, None], (keep.shape[0], config.decoder.window_size)),
+        # GRPO-Guard's old means, filled by the first update (one program for every iteration).
+        old_mean=jnp.full_like(sde.rollout.latents_after, jnp.nan, jnp.float32) if config.decoder.ratio_norm
+        else None)
     return DecoderBatch(rollout, sde.window)
 
   def update_shape(self, sampled) -> tuple:
@@ -248,8 +274,9 @@ class DecoderPolicy:
     del config
     rollout = batch.rollout
     # The sampler's log-probs vs the learner's of the same steps: one guided velocity function, two programs.
-    metrics = {"logprob/sampler_vs_recomputed_max_abs": jnp.max(jnp.abs(rollout.sampler_logp - outputs))}
-    return batch.replace(rollout=rollout.replace(old_logp=outputs)), metrics
+    old_logp, old_mean = outputs
+    metrics = {"logprob/sampler_vs_recomputed_max_abs": jnp.max(jnp.abs(rollout.sampler_logp - old_logp))}
+    return batch.replace(rollout=rollout.replace(old_logp=old_logp, old_mean=old_mean)), metrics
 
   def anchors(self, state):
     return state.reference

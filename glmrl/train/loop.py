@@ -129,7 +129,8 @@ class Trainer:
     # Keys derive from (seed, step): a resumed run draws what an uninterrupted one would.
     key = jax.random.fold_in(self.root_key, self.step_index)
     collected = rollout_lib.collect(run, data_batch, key,
-                                    {n: run.policies[n].rollout_trainable(s) for n, s in self.states.items()})
+                                    {n: run.policies[n].rollout_trainable(s) for n, s in self.states.items()},
+                                    self.step_index)
     extra, timings = dict(collected.metrics), collected.timings
     extra.update(monitors.image_monitors(collected.images, run.request.images_per_prompt))
     t1 = time.perf_counter()

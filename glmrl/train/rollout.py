@@ -113,15 +113,15 @@ def _reward_metrics(prefix: str, total, components, advantages, zero_var) -> dic
   return out
 
 
-def _sde_decode(run, prepared, sample, key, dit_params) -> tuple:
+def _sde_decode(run, prepared, sample, key, dit_params, step: int) -> tuple:
   """(images, SdeRollout) of the decoder policy's rollout: every grid decoded `samples_per_grid` times with
-  the SDE window at its (possibly random) start."""
+  the SDE window at its start for rollout step `step` (fixed, sliding or random)."""
   cfg, pipeline, request = run.config, run.pipeline, run.request
   num_prompts = len(prepared.prompts)
   noise_key, window_key = jax.random.split(key)
   target_B = pipeline.shard_batch(jnp.repeat(sample.target, request.samples_per_grid, axis=0))
   latents, noise_keys_B = decoder_noise(run, noise_key, num_prompts)
-  start = decoder_policy.window_start(cfg, window_key)
+  start = decoder_policy.window_start(cfg, window_key, step)
   # The sampler's conditioning is the update's: the glyph encoder runs once.
   cond = pipeline.conditioning(prepared, target_B, request.images_per_prompt)
   sde = decode.SdeWindow(noise_level=float(cfg.decoder.noise_level), size=cfg.decoder.window_size,
@@ -163,9 +163,9 @@ def _clean_decode(run, prepared, sample, key, dit_params) -> tuple:
   return images, rollout
 
 
-def collect(run, data_batch, key, trainables: dict) -> RolloutResult:
+def collect(run, data_batch, key, trainables: dict, step: int = 0) -> RolloutResult:
   """Samples, decodes and scores one batch for every trained policy (`trainables`: policy name -> its
-  current trained state).
+  current trained state) at rollout step `step` (where a sliding SDE window is).
 
   The learner's old_logp (and ref_logp when the KL term is on) are computed by the first update,
   which returns them; until then they are NaN, so anything reading them earlier poisons the loss
@@ -183,7 +183,7 @@ def collect(run, data_batch, key, trainables: dict) -> RolloutResult:
                                       ar_params=params["ar_params"])
   sde = clean = None
   if request.sde:
-    images, sde = _sde_decode(run, prepared, sample, noise_key, params["dit_params"])
+    images, sde = _sde_decode(run, prepared, sample, noise_key, params["dit_params"], step)
   elif request.clean:
     images, clean = _clean_decode(run, prepared, sample, noise_key, params["dit_params"])
   else:

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from glmrl.grpo.flow import flow_policy_loss, mean_kl, sde_logprob, sde_std, sde_step, sde_step_mean
+from glmrl.grpo.flow import (flow_policy_loss, guard_log_ratio, mean_kl, sde_logprob, sde_std, sde_step,
+                             sde_step_mean)
 from glmrl.sampling.scheduler import euler_step, euler_step_at, glm_image_schedule
 
 # A 1024x1024 GLM-Image schedule with 10 steps: starts at sigma = 1 exactly, ends at 0.
@@ -308,3 +309,27 @@ def test_flow_policy_loss_matches_float64_reference(with_kl):
   num, den, aux = flow_policy_loss(logp, logp, adv, mask, clip_range=1e-4, adv_clip_max=5.0)
   assert float(aux["ratio_min"]) == float(aux["ratio_max"]) == 1.0
   np.testing.assert_allclose(float(num) / float(den), -np.sum(np.clip(adv, -5, 5) * mask) / 5.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("sigma,sigma_next", PAIRS[1:])
+def test_guard_log_ratio_matches_the_reference_formula_and_is_unbiased(sigma, sigma_next):
+  """GRPO-Guard's ratio as Flow-Factory's GRPOGuardTrainer writes it, in float64: exp((logp - old) s + mse / (2 s)),
+  s the step std; and its closed form mean((mu - mu_old) eps) for a step the old policy sampled."""
+  x, v, eps = data(11)
+  v_new = v + 0.05 * np.random.default_rng(12).normal(size=v.shape).astype(np.float32)
+  mu_old, step = ref_mean(x, v, sigma, sigma_next, A)
+  mu_new, _ = ref_mean(x, v_new, sigma, sigma_next, A)
+  x_next = mu_old + expand(step, mu_old) * eps
+  logp_old, logp_new = ref_logprob(x_next, mu_old, step), ref_logprob(x_next, mu_new, step)
+  mse = ((mu_new - mu_old) ** 2).reshape(3, -1).mean(1)
+  want = (logp_new - logp_old) * step + mse / (2 * step)
+  got = guard_log_ratio(jnp.asarray(logp_new, jnp.float32), jnp.asarray(logp_old, jnp.float32),
+                        jnp.asarray(mu_new, jnp.float32), jnp.asarray(mu_old, jnp.float32), np.float32(step))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(want, ((mu_new - mu_old) * eps).reshape(3, -1).mean(1), rtol=1e-9, atol=1e-12)
+  # The plain log-ratio is shifted by -mse / (2 s^2) at every step; the guard's is not.
+  np.testing.assert_allclose((logp_new - logp_old) - want / step, -mse / (2 * step ** 2), rtol=1e-9)
+  # On-policy (old = the new itself) it is 0 exactly: the ratio exp(0) = 1.
+  same = guard_log_ratio(jnp.asarray(logp_new, jnp.float32), jnp.asarray(logp_new, jnp.float32),
+                         jnp.asarray(mu_new, jnp.float32), jnp.asarray(mu_new, jnp.float32), np.float32(step))
+  assert np.all(np.asarray(same) == 0.0)

@@ -67,3 +67,20 @@ def test_demo_trains_saves_its_average_and_resumes_bit_identically(tmp_path, alg
     out = main(*flags, f"--workdir={resumed}", "--mode=generate", "--use_ema")
     assert "the trained parameters (their moving average) of step 4" in out.stderr
     assert (resumed / "generate" / "grid.png").is_file()
+
+
+def test_flow_grpo_with_grpo_guard_and_a_sliding_window(tmp_path):
+  """GRPO-Guard's ratio and MixGRPO's sliding window through main.py: the window walks its range one step per
+  rollout, the first update's ratio is exactly 1, and the second update reads the first one's step means."""
+  workdir = tmp_path / "guard"
+  main("--config=configs/demo_decoder.py", "--config.train.num_steps=3", "--config.decoder.ratio_norm=True",
+       "--config.decoder.window_slide_every=1", "--config.decoder.window_slide_stride=1",
+       "--config.decoder.num_iterations=2", f"--workdir={workdir}")
+  got = rows(workdir)
+  # The demo's window_range (0, 3) of 4 steps: starts 0 and 1 (a window of 2 never holds the final step).
+  assert [got[s]["decoder/window_start"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+  for r in got.values():
+    assert r["decoder/first_iter/ratio/min"] == r["decoder/first_iter/ratio/max"] == 1.0
+    assert r["decoder/skipped"] == 0.0 and np.isfinite(r["decoder/loss"])
+    # After one update the adapters moved: the later ratio departs from 1 and stays finite.
+    assert np.isfinite(r["decoder/iter1/ratio/max"]) and r["decoder/iter1/ratio/max"] != 1.0
