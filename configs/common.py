@@ -169,6 +169,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.log = ml_collections.ConfigDict()
   c.log.image_interval = 50  # Write sample grids every this many steps.
 
+  # Where the AR sampler reads the generator's weights: "update" (the update's FSDP layout: every generated token
+  # gathers them over fsdp) or "gathered" (resharded once per rollout without the fsdp split: tensor-parallel over
+  # mesh.tensor and whole on every other chip; the generator's size / tensor more HBM during the rollout).
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.ar_weights = "update"  # "update" or "gathered".
   c.compile = ml_collections.ConfigDict()
   c.compile.topology = ""  # --mode=compile's target slice, e.g. "v5p-64", "v5e-256", "v6e-8".
 

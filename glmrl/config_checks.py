@@ -17,6 +17,7 @@ from typing import Any, Callable
 import ml_collections
 
 from glmrl import rewards as rewards_lib  # registers the built-in rewards
+from glmrl import sharding as sharding_lib
 from glmrl.data import benchmarks
 from glmrl.errors import UserError
 from glmrl.evaluation import report as eval_report
@@ -187,6 +188,7 @@ RULES: dict[str, Rule] = {
         isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v),
         "must be (lo, hi): two integers >= 0 (hi 0: the first half of the steps)"),
     "decoder.window_start": Rule(int, lambda v: v >= -1, "must be -1 (random per rollout) or a step index >= 0"),
+    "rollout.ar_weights": choice(*sharding_lib.ROLLOUT_WEIGHTS),
     "decoder.window_slide_every": integer(0, why="must be >= 0 (0: a random window per rollout)"),
     "decoder.window_slide_stride": integer(0, why="must be >= 0 (0: window_size)"),
     "decoder.window_slide_roll_back": BOOL,

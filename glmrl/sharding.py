@@ -95,6 +95,34 @@ def state_shardings(abstract_state, mesh, rules=DEFAULT_RULES):
   return jax.tree.map(one, abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+# Where the AR sampler reads the generator's weights (config.rollout.ar_weights): "update", the update's FSDP
+# layout (every decoded token gathers them over fsdp); "gathered", resharded once per rollout without the fsdp
+# split (tensor-parallel over `tensor`, whole on every data x fsdp device; nothing to gather per token).
+ROLLOUT_WEIGHTS = ("update", "gathered")
+
+
+def without_fsdp(sharding: NamedSharding) -> NamedSharding:
+  """`sharding` with its `fsdp` split dropped (that dimension replicated over fsdp); other axes kept."""
+  def drop(entry):
+    if entry == "fsdp":
+      return None
+    if isinstance(entry, tuple):
+      kept = tuple(a for a in entry if a != "fsdp")
+      return kept if len(kept) > 1 else (kept[0] if kept else None)
+    return entry
+  return NamedSharding(sharding.mesh, PartitionSpec(*(drop(e) for e in sharding.spec)))
+
+
+def gathered_shardings(tree):
+  """The `without_fsdp` sharding of every (abstract or concrete) array of `tree`."""
+  return jax.tree.map(lambda x: without_fsdp(x.sharding), tree)
+
+
+def gather_fsdp(tree):
+  """`tree`'s arrays resharded without their fsdp split: one all-gather of each over fsdp, outside any loop."""
+  return jax.device_put(tree, gathered_shardings(tree))
+
+
 def batch_devices(mesh) -> int:
   """Devices a batch axis splits over: data x fsdp."""
   return int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.axis_names]))

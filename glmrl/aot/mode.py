@@ -8,8 +8,10 @@ program and its error), not raised.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import tempfile
 import time
 
 import jax
@@ -53,14 +55,15 @@ def compile_report(config) -> dict:
       entries[name] = {"error": program}
       continue
     try:
-      compiled = program.lowered.compile()
+      compiled, hlo_text = compile_with_text(program.lowered)
     except Exception as e:  # pylint: disable=broad-except  # XLA reports an over-full HBM as a compile error
       message = str(e).splitlines()[0] if str(e) else type(e).__name__
       entries[name] = {"error": message[:500], "fits": False}
       fits = False
       logging.warning("%s does not compile for %s: %s", name, slice_.name, message)
       continue
-    entries[name] = report_lib.program_entry(program, compiled, resident, flops.get(name))
+    entries[name] = report_lib.program_entry(program, compiled, hlo_text, resident, flops.get(name), slice_.chip,
+                                             slice_.chips)
     logging.info("compiled %s for %s in %.0f s: peak %.1f GiB per chip", name, slice_.name,
                  time.perf_counter() - t0, entries[name]["peak_bytes_per_chip"] / 2**30)
   peak = max((e["peak_bytes_per_chip"] for e in entries.values() if "peak_bytes_per_chip" in e), default=resident)
@@ -74,8 +77,21 @@ def compile_report(config) -> dict:
       "step_flops": total_flops,
       "estimated_step_seconds": total_flops / (slice_.chips * slice_.chip.peak_bf16_flops * report_lib.MFU_ASSUMPTION),
       "mfu_assumption": report_lib.MFU_ASSUMPTION,
+      "roofline_step_seconds": sum(e.get("roofline_seconds", 0.0) for e in entries.values()),
       "trainable_params": programs_lib.num_params(trained(run)),
   }
+
+
+def compile_with_text(lowered) -> tuple:
+  """(compiled, its optimized HLO text). The text comes from XLA's dump: `compiled.as_text()` re-parses the
+  module and fails on some TPU programs (an async-update's operands)."""
+  with tempfile.TemporaryDirectory() as dump:
+    compiled = lowered.compile(compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True})
+    texts = sorted(glob.glob(os.path.join(dump, "*after_optimizations.txt")), key=os.path.getsize)
+    if not texts:
+      raise RuntimeError(f"XLA wrote no optimized HLO into {dump}")
+    with open(texts[-1]) as f:
+      return compiled, f.read()
 
 
 def trained(run) -> tuple:

@@ -112,12 +112,31 @@ class Program:
   name: str
   lowered: object
   state_args: tuple  # the trees among its arguments that live in HBM for the whole run
+  calls: int = 1     # times a step runs it (the decoder: once per decode chunk)
+
+
+def _gathered(states) -> tuple:
+  """The AR states as the sampler reads them under config.rollout.ar_weights "gathered" (abstract)."""
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding_lib.without_fsdp(a.sharding)),
+                      states)
+
+
+def ar_reshard(run: AbstractRun) -> Program:
+  """config.rollout.ar_weights "gathered": the once-per-rollout reshard of the generator's states without their
+  fsdp split (what `GlmImagePipeline.rollout_ar_params` runs)."""
+  _, states = run.component("ar")
+  lowered = jax.jit(lambda t: t, out_shardings=sharding_lib.gathered_shardings(states)).lower(states)
+  return Program("ar_reshard", lowered, states)
 
 
 def sampler(run: AbstractRun) -> Program:
-  """The AR sampler: prefill and the KV-cache decode loop of every generated token."""
+  """The AR sampler: prefill and the KV-cache decode loop of every generated token, reading the weights in the
+  run's rollout layout (config.rollout.ar_weights: the resident FSDP states, or their gathered copy)."""
   mesh, b, l, n = run.mesh, run.batch_size, run.prompt_len, run.layout.num_new_tokens
   graphdef, states = run.component("ar")
+  resident = states
+  if run.config.rollout.ar_weights == "gathered":
+    states, resident = _gathered(states), ()  # the copy lives for the rollout only
   key = jax.ShapeDtypeStruct((b,), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                              sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
                                  sharding_lib.BATCH_AXES)))
@@ -125,7 +144,7 @@ def sampler(run: AbstractRun) -> Program:
       graphdef, nnx.merge_state(*states), batch_array(mesh, (b, l), jnp.int32), batch_array(mesh, (b, l), jnp.bool_),
       batch_array(mesh, (3, b, l), jnp.int32, batch_axis=1), batch_array(mesh, (b, 3, n), jnp.int32), key,
       layout=run.layout, cfg=sampling_config(run.config))
-  return Program("ar_sampler", lowered, states)
+  return Program("ar_sampler", lowered, resident)
 
 
 def _negative_glyph_len() -> int:
@@ -178,7 +197,7 @@ def decoder(run: AbstractRun) -> Program:
       decoder_policy.train_guidance(cfg) if run.request.trains_decoder else float(cfg.sampling.guidance_scale),
       batch_array(mesh, (chunk, 2), jnp.float32),
       batch_array(mesh, (chunk, 2), jnp.float32), None, *sde)
-  return Program("decoder", lowered, (dit_state, vae_state))
+  return Program("decoder", lowered, (dit_state, vae_state), calls=run.images // chunk)
 
 
 def rewards(run: AbstractRun, policy: str) -> Program | str:
@@ -259,9 +278,10 @@ def update(run: AbstractRun, policy: str) -> Program:
 
 
 def builders(run: AbstractRun) -> dict:
-  """The programs of the run's step, by name: the sampler and the decode loop always, then each trained
-  policy's rewards and update."""
-  out = {"ar_sampler": sampler, "decoder": decoder}
+  """The programs of the run's step, by name: the sampler (after its weights' reshard under the "gathered"
+  rollout layout) and the decode loop always, then each trained policy's rewards and update."""
+  out = {"ar_reshard": ar_reshard} if run.config.rollout.ar_weights == "gathered" else {}
+  out.update({"ar_sampler": sampler, "decoder": decoder})
   for name in run.states:
     rewards_name, update_name = PROGRAM_NAMES[name]
     out[rewards_name] = functools.partial(rewards, policy=name)

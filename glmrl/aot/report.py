@@ -1,10 +1,18 @@
-"""Per-chip bytes and FLOPs of a compiled step, and the report `--mode=compile` writes.
+"""Per-chip bytes, FLOPs and traffic of a compiled step, and the report `--mode=compile` writes.
 
 Peak per chip of a program = the run's resident state (every parameter, optimizer state and frozen
 model, which stay in HBM across programs) + the program's temporaries + its outputs that do not
 reuse a donated input + its arguments that are not resident state (batch inputs). The step's peak
 is the largest program's. FLOPs come from formulas: XLA's cost analysis counts the body of a loop
-(the DiT's denoising steps, the sampler's decode loop, the micro-batch scan) once.
+(the DiT's denoising steps, the sampler's decode loop, the micro-batch scan) once. What crosses the
+chip links comes from the optimized HLO (`glmrl.aot.hlo`), per iteration of the program's main loop
+and outside it.
+
+Roofline time of one call of a program with a main loop of T iterations: T x max(FLOPs per chip / T /
+peak FLOP/s, HBM bytes / HBM bandwidth, link bytes per iteration / link bandwidth) + the link bytes
+outside the loop / link bandwidth; without a loop, the max of the three totals. HBM bytes are XLA's
+count (`bytes accessed`: each loop body once, with the code outside it), the stand-in for one
+iteration's. The step's roofline is the sum over programs of calls x that.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import math
 import jax
 import numpy as np
 
+from glmrl.aot import hlo
 from glmrl.policy import decoder as decoder_policy
 from glmrl.policy import decoder_matching
 from glmrl.policy import registry
@@ -76,17 +85,60 @@ def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> d
   return out
 
 
-def program_entry(program, compiled, resident_bytes: int, flops: float | None) -> dict:
+def hbm_bytes(compiled) -> float:
+  """XLA's `bytes accessed` of a compiled program per chip (each loop body counted once)."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float((cost or {}).get("bytes accessed", 0.0))
+
+
+def roofline(entry: dict, chip, chips: int) -> tuple[float, str]:
+  """(seconds of one call, its binding term: "flops", "hbm" or "links") of a program's entry (see the module doc)."""
+  flops = entry.get("flops", 0.0) / entry["calls_per_step"] / chips
+  hbm, loop = entry["hbm_bytes"], entry.get("main_loop")
+  trips = (loop or {}).get("trip_count") or 0
+  if trips:
+    link = loop["collective_bytes_per_iteration"]
+    outside = entry["collective_bytes_total"] - trips * link
+    terms = {"flops": flops / trips / chip.peak_bf16_flops, "hbm": hbm / chip.hbm_bandwidth,
+             "links": link / chip.link_bandwidth}
+    bound = max(terms, key=terms.get)
+    return trips * terms[bound] + outside / chip.link_bandwidth, bound
+  terms = {"flops": flops / chip.peak_bf16_flops, "hbm": hbm / chip.hbm_bandwidth,
+           "links": entry["collective_bytes_total"] / chip.link_bandwidth}
+  bound = max(terms, key=terms.get)
+  return terms[bound], bound
+
+
+def program_entry(program, compiled, hlo_text: str, resident_bytes: int, flops: float | None, chip,
+                  chips: int) -> dict:
   m = compiled.memory_analysis()
   state = sum(bytes_per_chip(t) for t in program.state_args)
   args, out, temp, alias = (int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
                             int(m.temp_size_in_bytes), int(m.alias_size_in_bytes))
   peak = resident_bytes + temp + max(out - alias, 0) + max(args - state, 0)
   entry = {"argument_bytes": args, "output_bytes": out, "temp_bytes": temp, "alias_bytes": alias,
-           "peak_bytes_per_chip": peak}
+           "peak_bytes_per_chip": peak, "calls_per_step": program.calls, "hbm_bytes": hbm_bytes(compiled)}
   if flops is not None:
     entry["flops"] = float(flops)
+  traffic = hlo.traffic(hlo_text, chips)
+  entry["collective_bytes_total"] = traffic.total
+  loop = traffic.main_loop()
+  if loop is not None:
+    entry["main_loop"] = {"trip_count": loop.trip_count, "collective_bytes_per_iteration": loop.bytes_per_iteration,
+                          "collectives_per_iteration": loop.collectives_per_iteration}
+  seconds, bound = roofline(entry, chip, chips)
+  entry["roofline_seconds"], entry["roofline_bound"] = program.calls * seconds, bound
   return entry
+
+
+def human_bytes(v: float) -> str:
+  """1536 -> '1.5 KiB'."""
+  for unit in ("B", "KiB", "MiB", "GiB"):
+    if abs(v) < 1024 or unit == "GiB":
+      return f"{v:,.1f} {unit}" if unit != "B" else f"{v:,.0f} B"
+    v /= 1024
+  return ""
 
 
 def table(report: dict) -> str:
@@ -96,16 +148,23 @@ def table(report: dict) -> str:
   rows = [f"**{report['topology']}** ({chips}, {gib(report['hbm_bytes_per_chip'])} GiB HBM each): "
           f"{'fits' if report['fits'] else 'does not fit'}, peak {gib(report['peak_bytes_per_chip'])} GiB per chip "
           f"({100 * report['peak_bytes_per_chip'] / report['hbm_bytes_per_chip']:.0f}% of HBM)", "",
-          "| program | arguments | outputs | temporaries | aliased | peak per chip | TFLOPs |",
-          "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+          "| program | arguments | outputs | temporaries | aliased | peak per chip | TFLOPs | main loop x calls | "
+          "chip links per iteration | chip links in all | roofline s (bound) |",
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
   for name, p in report["programs"].items():
     if "error" in p:
-      rows.append(f"| {name} | {p['error']} | | | | | |")
+      rows.append(f"| {name} | {p['error']} | | | | | | | | | |")
       continue
     flops = f"{p['flops'] / 1e12:,.0f}" if "flops" in p else ""
+    loop = p.get("main_loop") or {}
+    trips = f"{loop.get('trip_count') or '?'} x {p['calls_per_step']}" if loop else f"- x {p['calls_per_step']}"
+    per_iter = human_bytes(loop["collective_bytes_per_iteration"]) if loop else ""
     rows.append(f"| {name} | {gib(p['argument_bytes'])} | {gib(p['output_bytes'])} | {gib(p['temp_bytes'])} | "
-                f"{gib(p['alias_bytes'])} | {gib(p['peak_bytes_per_chip'])} | {flops} |")
+                f"{gib(p['alias_bytes'])} | {gib(p['peak_bytes_per_chip'])} | {flops} | {trips} | {per_iter} | "
+                f"{human_bytes(p['collective_bytes_total'] * p['calls_per_step'])} | "
+                f"{p['roofline_seconds']:,.2f} ({p['roofline_bound']}) |")
   state = report["state_bytes_per_chip"]
   rows += ["", "resident state per chip (GiB): " + ", ".join(f"{k} {gib(v)}" for k, v in state.items()),
-           f"estimated step: {report['estimated_step_seconds']:.1f} s at {report['mfu_assumption']:.0%} MFU"]
+           f"estimated step: {report['roofline_step_seconds']:.1f} s roofline (the programs' sum), "
+           f"{report['estimated_step_seconds']:.1f} s at {report['mfu_assumption']:.0%} MFU"]
   return "\n".join(rows)

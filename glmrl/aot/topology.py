@@ -22,13 +22,16 @@ class Chip:
   hbm_bytes: int          # per chip
   peak_bf16_flops: float  # per chip per second
   cores_per_chip: int     # what the slice name counts per chip
+  hbm_bandwidth: float    # bytes per second per chip
+  link_bandwidth: float   # inter-chip interconnect bytes per second per chip (all its links)
 
 
-# Published per-chip figures (cloud.google.com/tpu/docs: v5p, v5e, v6e system architecture pages).
+# Published per-chip figures (cloud.google.com/tpu/docs: v5p, v5e, v6e system architecture pages; the
+# interconnect's Gbps / 8).
 CHIPS = {
-    "v5p": Chip("v5p", 95 * 10**9, 459e12, 2),
-    "v5e": Chip("v5e", 16 * 10**9, 197e12, 1),
-    "v6e": Chip("v6e", 32 * 10**9, 918e12, 1),
+    "v5p": Chip("v5p", 95 * 10**9, 459e12, 2, 2765e9, 4800e9 / 8),
+    "v5e": Chip("v5e", 16 * 10**9, 197e12, 1, 819e9, 1600e9 / 8),
+    "v6e": Chip("v6e", 32 * 10**9, 918e12, 1, 1640e9, 3584e9 / 8),
 }
 
 # Chips -> the physical shape libtpu expects for that slice.

@@ -46,6 +46,7 @@ class PipelineSpec:
   glyph_pad: int = 32    # glyph tokens per prompt (all its quoted texts), fixed: one DiT program per run
   glyph_texts: int = 4   # quoted texts per prompt in the glyph encoder's fixed batch
   decode_batch: int = 0  # samples per denoise+decode call (bounds its activations); 0, -1: see `decode_chunk`
+  ar_weights: str = "update"  # the AR sampler's weight layout (`sharding.ROLLOUT_WEIGHTS`)
 
   def __post_init__(self):
     for name in ("height", "width"):
@@ -194,6 +195,7 @@ class GlmImagePipeline:
     self._schedules = {}
     self.model_timesteps, self.sigmas = self.schedule(spec.dit_steps)
     self._neg_glyph = None
+    self._own_ar_rollout = None  # the pipeline's own AR weights in the sampler's layout, placed once
 
   def schedule(self, steps: int) -> tuple[jax.Array, jax.Array]:
     """(model timesteps [S], sigmas [S + 1]) of the reference schedule with `steps` denoising steps."""
@@ -293,12 +295,25 @@ class GlmImagePipeline:
     spec[batch_axis] = sharding_lib.BATCH_AXES
     return sharding_lib.put(x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(*spec)))
 
+  def rollout_ar_params(self, ar_params=None):
+    """The AR states the sampler reads: `ar_params` (default the pipeline's own) as they are, or with
+    spec.ar_weights "gathered" resharded without their fsdp split (once per call; the pipeline's own once)."""
+    if self.spec.ar_weights == "update" or self.mesh is None:
+      return ar_params
+    if ar_params is not None:
+      return sharding_lib.gather_fsdp(ar_params)
+    if self._own_ar_rollout is None:
+      self._own_ar_rollout = (sharding_lib.gather_fsdp(self.models["ar"][1]),)
+    return self._own_ar_rollout
+
   def sample_tokens(self, prepared: Prepared, keys_B, group_size: int, ar_params=None):
-    """AR tokens for every prompt x `group_size` samples (`ar_params`: (trainable, frozen) states)."""
+    """AR tokens for every prompt x `group_size` samples (`ar_params`: (trainable, frozen) states), the weights
+    in the spec's rollout layout (`rollout_ar_params`)."""
     rep = lambda x, axis=0: self.shard_batch(np.repeat(x, group_size, axis=axis), axis)
+    model = self.ar_model(self.rollout_ar_params(ar_params))
     with sharding_lib.use_mesh(self.mesh):
       return ar_sampler.sample_ids(
-          self.ar_model(ar_params), rep(prepared.input_ids), rep(prepared.batch.valid),
+          model, rep(prepared.input_ids), rep(prepared.batch.valid),
           rep(prepared.positions, axis=1), rep(prepared.decode_positions), self.shard_batch(keys_B),
           layout=prepared.batch.layout, cfg=self.spec.sampling)
 

@@ -111,7 +111,8 @@ def pipeline_spec(config) -> PipelineSpec:
                       dit_steps=config.sampling.dit_steps, guidance_scale=float(config.sampling.guidance_scale),
                       share_noise_in_group=config.sampling.share_noise_in_group,
                       prompt_pad=config.data.max_prompt_tokens, glyph_pad=config.data.max_glyph_tokens,
-                      glyph_texts=config.data.max_glyph_texts, decode_batch=config.sampling.decode_batch)
+                      glyph_texts=config.data.max_glyph_texts, decode_batch=config.sampling.decode_batch,
+                      ar_weights=config.rollout.ar_weights)
 
 
 def eval_source(config) -> str:

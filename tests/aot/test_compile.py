@@ -45,6 +45,15 @@ def test_main_writes_the_report_for_a_slice(tmp_path):
       report["state_bytes_per_chip"]["params"]
   assert report["programs"]["decoder_update"]["flops"] > 0
   assert "| decoder_update |" in (tmp_path / "compile_report.md").read_text()
+  # Traffic from the optimized HLO: the sampler's decode loop (one iteration per token after the prefill) gathers
+  # the FSDP-sharded generator over the 8 chips; the step's roofline is the programs' sum.
+  loop = report["programs"]["ar_sampler"]["main_loop"]
+  assert loop["trip_count"] > 1 and loop["collective_bytes_per_iteration"] > 0
+  assert loop["collectives_per_iteration"]["all-gather"] > 0
+  seconds = [p["roofline_seconds"] for p in report["programs"].values()]
+  assert all(s > 0 for s in seconds)
+  assert report["roofline_step_seconds"] == pytest.approx(sum(seconds), rel=1e-12)
+  assert "chip links per iteration" in (tmp_path / "compile_report.md").read_text()
 
 
 def abstract_run(chips: int):

@@ -1,0 +1,148 @@
+"""What a program moves between chips, read from optimized HLO: hand-written modules with hand-computed bytes,
+then the tiny sampler compiled for a v5e slice, whose decode loop gathers FSDP-sharded weights every token and
+none when the weights are replicated."""
+
+import os
+
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+import glmrl  # noqa: F401,E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+from glmrl.aot import hlo  # noqa: E402
+from glmrl.aot import mode as mode_lib  # noqa: E402
+from glmrl.aot import programs  # noqa: E402
+from glmrl.aot import topology  # noqa: E402
+from tests.train.common import tiny_config  # noqa: E402
+
+MODULE = """HloModule jit_step, entry_computation_layout={()->f32[]}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%gather_start (p: bf16[16,64]) -> bf16[64,64] {
+  %p = bf16[16,64]{1,0} parameter(0)
+  ROOT %all-gather.1 = bf16[64,64]{1,0:T(8,128)(2,1)} all-gather(%p), channel_id=3, replica_groups=[2,4]<=[8], dimensions={0}
+}
+
+%gather_done (p: bf16[16,64]) -> bf16[64,64] {
+  %p = bf16[16,64]{1,0} parameter(0)
+  ROOT %all-gather.2 = bf16[64,64]{1,0} all-gather(%p), channel_id=3, replica_groups=[2,4]<=[8], dimensions={0}
+}
+
+%inner_body (t: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %t = (s32[], f32[8]) parameter(0)
+  %v = f32[8]{0} get-tuple-element(%t), index=1
+  %cp = f32[8]{0} collective-permute(%v), channel_id=9, source_target_pairs={{0,1},{1,0}}
+  %i = s32[] get-tuple-element(%t), index=0
+  ROOT %r = (s32[], f32[8]) tuple(%i, %cp)
+}
+
+%inner_cond (t: (s32[], f32[8])) -> pred[] {
+  %t = (s32[], f32[8]) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %n = s32[] constant(99)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (t: (s32[], bf16[16,64], f32[32])) -> (s32[], bf16[16,64], f32[32]) {
+  %t = (s32[], bf16[16,64], f32[32]) parameter(0)
+  %w = bf16[16,64]{1,0} get-tuple-element(%t), index=1
+  %start = bf16[64,64]{1,0} fusion(%w), kind=kCustom, calls=%gather_start
+  %done = bf16[64,64]{1,0} fusion(%w), kind=kCustom, calls=%gather_done
+  %g = f32[32]{0} get-tuple-element(%t), index=2
+  %rs = f32[8]{0} reduce-scatter(%g), channel_id=4, replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}, to_apply=%add
+  %z = f32[8]{0} constant({0,0,0,0,0,0,0,0})
+  %zero = s32[] constant(0)
+  %it = (s32[], f32[8]) tuple(%zero, %z)
+  %inner = (s32[], f32[8]) while(%it), condition=%inner_cond, body=%inner_body, backend_config={"known_trip_count":{"n":"3"}}
+  %i = s32[] get-tuple-element(%t), index=0
+  ROOT %r = (s32[], bf16[16,64], f32[32]) tuple(%i, %w, %g)
+}
+
+%cond (t: (s32[], bf16[16,64], f32[32])) -> pred[] {
+  %t = (s32[], bf16[16,64], f32[32]) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %n = s32[]{:T(128)} constant(10)
+  ROOT %lt = pred[]{:T(512)} compare(%i, %n), direction=LT
+}
+
+ENTRY %main (a: f32[1024], w: bf16[16,64], g: f32[32]) -> f32[] {
+  %a = f32[1024]{0} parameter(0)
+  %ar = f32[1024]{0} all-reduce(%a), channel_id=1, replica_groups=mesh['x'=4,'y'=2] {'x'}, to_apply=%add
+  %w = bf16[16,64]{1,0} parameter(1)
+  %g = f32[32]{0} parameter(2)
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[16,64], f32[32]) tuple(%zero, %w, %g)
+  %loop = (s32[], bf16[16,64], f32[32]) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[] constant(0)
+}
+"""
+
+
+def test_hand_written_module_bytes():
+  traffic = hlo.traffic(MODULE, devices=8)
+  # Outside: the all-reduce of 4 KiB over groups of 4 ('x'): 2 x 4096 x 3/4.
+  assert traffic.outside == 2 * 4096 * 3 / 4
+  loop, = traffic.loops
+  assert loop.trip_count == 10  # counter < 10 from 0
+  # Per iteration: one all-gather (its start and done share channel 3) of 64 x 64 bf16 over groups of 4,
+  # a reduce-scatter to 8 f32 over groups of 4, and 3 trips of a permute of 8 f32.
+  gather, scatter, permute = 64 * 64 * 2 * 3 / 4, 8 * 4 * 3, 3 * 8 * 4
+  assert loop.bytes_per_iteration == gather + scatter + permute
+  assert loop.collectives_per_iteration == {"all-gather": 1, "reduce-scatter": 1, "collective-permute": 3}
+  assert traffic.total == traffic.outside + 10 * loop.bytes_per_iteration
+
+
+@pytest.mark.parametrize("text,devices,n", [
+    ("replica_groups={{0,1,2,3,4,5}}", 8, 6), ("replica_groups=[4,2]<=[8]", 8, 2),
+    ("replica_groups=mesh['data'=2,'fsdp'=4,'tensor'=2] {'fsdp','tensor'}", 16, 8), ("replica_groups={}", 8, 8)])
+def test_group_sizes(text, devices, n):
+  assert hlo.group_size(text, devices) == n
+
+
+def program_traffic(builder=programs.sampler, ar_weights="update", **mesh):
+  config = tiny_config(data__prompts_per_step=4, rollout__ar_weights=ar_weights,
+                       **{f"mesh__{k}": v for k, v in mesh.items()})
+  run = programs.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
+  with jax.set_mesh(run.mesh):
+    program = builder(run)
+  _, text = mode_lib.compile_with_text(program.lowered)
+  return hlo.traffic(text, 8), run
+
+
+def sampler_traffic(**mesh):
+  return program_traffic(**mesh)
+
+
+def test_the_decode_loop_gathers_sharded_weights_every_token_and_nothing_when_replicated():
+  sharded, run = sampler_traffic(data=1, fsdp=8)
+  replicated, _ = sampler_traffic(data=8, fsdp=1)
+  tokens = run.layout.num_new_tokens
+  for traffic in (sharded, replicated):
+    assert traffic.main_loop().trip_count == tokens - 1  # the first token comes from the prefill
+  assert sharded.main_loop().collectives_per_iteration.get("all-gather", 0) > 0
+  assert sharded.main_loop().bytes_per_iteration > 0
+  assert replicated.main_loop().collectives_per_iteration.get("all-gather", 0) == 0
+  assert replicated.main_loop().bytes_per_iteration < sharded.main_loop().bytes_per_iteration / 10
+
+
+def test_gathered_rollout_layout_moves_the_generator_once_per_rollout_not_per_token():
+  """config.rollout.ar_weights="gathered" on fsdp 8: the decode loop gathers nothing; the reshard program moves
+  each fsdp-split state 7/8 of its bytes per chip (about), once."""
+  sampler, run = program_traffic(ar_weights="gathered", data=1, fsdp=8)
+  assert sampler.main_loop().trip_count == run.layout.num_new_tokens - 1
+  assert sampler.main_loop().collectives_per_iteration.get("all-gather", 0) == 0
+  reshard, _ = program_traffic(programs.ar_reshard, ar_weights="gathered", data=1, fsdp=8)
+  _, states = run.component("ar")
+  split = [x for x in jax.tree.leaves(states) if "fsdp" in str(x.sharding.spec)]
+  want = sum(x.size * x.dtype.itemsize for x in split) * 7 / 8
+  assert split and reshard.loops == []
+  # XLA gathers the norms' small vectors as one all-reduce of zero-padded copies, twice a gather's bytes in the
+  # ring model: 0.6% more here.
+  assert want <= reshard.total <= 1.02 * want
