@@ -118,11 +118,6 @@ def gathered_shardings(tree):
   return jax.tree.map(lambda x: without_fsdp(x.sharding), tree)
 
 
-def gather_fsdp(tree):
-  """`tree`'s arrays resharded without their fsdp split: one all-gather of each over fsdp, outside any loop."""
-  return jax.device_put(tree, gathered_shardings(tree))
-
-
 def batch_devices(mesh) -> int:
   """Devices a batch axis splits over: data x fsdp."""
   return int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.axis_names]))

@@ -30,7 +30,7 @@ from glmrl.policy import registry
 from glmrl.policy.state import build_state, placed
 from glmrl.rewards import RewardComposer
 from glmrl.rewards import registry as reward_registry
-from glmrl.sampling import ar_sampler, decode, pipeline, scheduler
+from glmrl.sampling import ar_sampler, decode, pipeline, rollout_weights, scheduler
 from glmrl.sampling.logprobs import sampling_config
 from glmrl.train import setup as setup_lib
 
@@ -115,17 +115,11 @@ class Program:
   calls: int = 1     # times a step runs it (the decoder: once per decode chunk)
 
 
-def _gathered(states) -> tuple:
-  """The AR states as the sampler reads them under config.rollout.ar_weights "gathered" (abstract)."""
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding_lib.without_fsdp(a.sharding)),
-                      states)
-
-
 def ar_reshard(run: AbstractRun) -> Program:
-  """config.rollout.ar_weights "gathered": the once-per-rollout reshard of the generator's states without their
-  fsdp split (what `GlmImagePipeline.rollout_ar_params` runs)."""
+  """config.rollout.ar_weights "gathered": the once-per-rollout cast and reshard of the generator's states
+  (`rollout_weights.reshard_program`, as `GlmImagePipeline.rollout_ar_params` runs it)."""
   _, states = run.component("ar")
-  lowered = jax.jit(lambda t: t, out_shardings=sharding_lib.gathered_shardings(states)).lower(states)
+  lowered = rollout_weights.reshard_program(states, run.configs.ar.dtype).lower(states)
   return Program("ar_reshard", lowered, states)
 
 
@@ -136,7 +130,7 @@ def sampler(run: AbstractRun) -> Program:
   graphdef, states = run.component("ar")
   resident = states
   if run.config.rollout.ar_weights == "gathered":
-    states, resident = _gathered(states), ()  # the copy lives for the rollout only
+    states, resident = rollout_weights.abstract(states, run.configs.ar.dtype), ()  # lives for the rollout only
   key = jax.ShapeDtypeStruct((b,), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                              sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
                                  sharding_lib.BATCH_AXES)))

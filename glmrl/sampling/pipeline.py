@@ -29,7 +29,7 @@ from glmrl.models.ar.prompt import PromptProcessor, TokenizedPrompts
 from glmrl.models.glm_image import GlmImageConfigs
 from glmrl.models.glyph import tokenize_glyph_texts
 from glmrl.models.glyph.texts import encode_glyph_embeds
-from glmrl.sampling import ar_sampler, decode, scheduler
+from glmrl.sampling import ar_sampler, decode, rollout_weights, scheduler
 from glmrl.sampling.logprobs import SamplingConfig
 
 
@@ -196,6 +196,7 @@ class GlmImagePipeline:
     self.model_timesteps, self.sigmas = self.schedule(spec.dit_steps)
     self._neg_glyph = None
     self._own_ar_rollout = None  # the pipeline's own AR weights in the sampler's layout, placed once
+    self._ar_reshard = {}
 
   def schedule(self, steps: int) -> tuple[jax.Array, jax.Array]:
     """(model timesteps [S], sigmas [S + 1]) of the reference schedule with `steps` denoising steps."""
@@ -297,14 +298,18 @@ class GlmImagePipeline:
 
   def rollout_ar_params(self, ar_params=None):
     """The AR states the sampler reads: `ar_params` (default the pipeline's own) as they are, or with
-    spec.ar_weights "gathered" resharded without their fsdp split (once per call; the pipeline's own once)."""
+    spec.ar_weights "gathered" cast to the compute dtype and resharded without their fsdp split
+    (`rollout_weights`; once per call, the pipeline's own once)."""
     if self.spec.ar_weights == "update" or self.mesh is None:
       return ar_params
-    if ar_params is not None:
-      return sharding_lib.gather_fsdp(ar_params)
-    if self._own_ar_rollout is None:
-      self._own_ar_rollout = (sharding_lib.gather_fsdp(self.models["ar"][1]),)
-    return self._own_ar_rollout
+    if ar_params is None:
+      if self._own_ar_rollout is None:
+        self._own_ar_rollout = self.rollout_ar_params((self.models["ar"][1],))
+      return self._own_ar_rollout
+    structure = jax.tree.structure(ar_params)
+    if structure not in self._ar_reshard:  # one program per tree: a run's shardings do not change
+      self._ar_reshard[structure] = rollout_weights.reshard_program(ar_params, self.configs.ar.dtype)
+    return self._ar_reshard[structure](ar_params)
 
   def sample_tokens(self, prepared: Prepared, keys_B, group_size: int, ar_params=None):
     """AR tokens for every prompt x `group_size` samples (`ar_params`: (trainable, frozen) states), the weights

@@ -1,5 +1,6 @@
-"""The AR sampler on 8 host devices with the generator's weights in each rollout layout; prints as JSON the
-greedy and sampled ids and log-probs of each layout and where the weights lay.
+"""The AR sampler on 8 host devices with the generator's weights in each rollout layout (float32 weights, bfloat16
+compute); prints as JSON the greedy and sampled ids and log-probs of each layout and where and how the weights
+lay.
 
 python -m tests.sampling.rollout_layout_run --devices=8 --mesh=1,4,2 --workdir=DIR
 """
@@ -19,7 +20,8 @@ def main():
   from glmrl.sampling.logprobs import SamplingConfig
   from glmrl.train import loop
 
-  config = tiny_config(mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor)
+  # float32 weights, bfloat16 compute: the gathered copy is cast to bfloat16 before the sampler reads it.
+  config = tiny_config(mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor, model__compute_dtype="bfloat16")
   trainer = loop.Trainer(config, args.workdir)
   run, state = trainer.run, trainer.states["ar"]
   batch = next(run.iterator)
@@ -37,7 +39,8 @@ def main():
       weights = pipeline.rollout_ar_params(state.model_params())
       out[f"{layout}/{'greedy' if greedy else 'sampled'}"] = {
           "tokens": np.asarray(sample.tokens).tolist(), "logprobs": np.asarray(sample.logprobs).tolist(),
-          "specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(weights)})}
+          "specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(weights)}),
+          "dtypes": sorted({str(x.dtype) for x in jax.tree.leaves(weights)})}
   trainer.close()
   json.dump(out, sys.stdout)
 
