@@ -345,6 +345,11 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
     import jax
     _check(jax.default_backend() == "gpu", "config.model.dit_attention", "cudnn",
            f"cuDNN flash attention needs NVIDIA GPUs; this run's backend is {jax.default_backend()!r} (use 'xla')")
+  if values["model.dit_attention"] == "splash" and mode != "compile":
+    import jax
+    _check(jax.default_backend() == "tpu", "config.model.dit_attention", "splash",
+           f"Pallas splash attention is TPU's kernel; this run's backend is {jax.default_backend()!r} (use 'blocked' "
+           "or 'xla'; --mode=compile for a TPU slice takes it)")
   if mode == "compile":
     _check(bool(values["compile.topology"]), "config.compile.topology", values["compile.topology"],
            "--mode=compile needs a target slice, e.g. --config.compile.topology=v5p-64")

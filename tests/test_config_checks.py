@@ -141,3 +141,17 @@ def test_sliding_window_and_guard_settings(overrides, message):
       cfg.decoder[key] = value
   with pytest.raises(config_checks.ConfigError, match=message):
     config_checks.validate(cfg)
+
+
+def test_splash_attention_needs_a_tpu_but_compiles_for_one():
+  import jax
+
+  cfg = load_config("demo")
+  cfg.model.dit_attention = "splash"
+  if jax.default_backend() == "tpu":
+    config_checks.validate(cfg)
+  else:
+    with pytest.raises(config_checks.ConfigError, match="Pallas splash attention is TPU's kernel"):
+      config_checks.validate(cfg)
+  cfg.compile.topology = "v5p-8"
+  config_checks.validate(cfg, mode="compile")

@@ -1,25 +1,31 @@
-"""The DiT's attention kernels: XLA's (the scores of all queries at once), cuDNN's, or query-blocked.
+"""The DiT's attention kernels: XLA's (the scores of all queries at once), cuDNN's, query-blocked, or Pallas
+splash attention (TPU).
 
 At 1024^2 one sample-layer's scores [H, S, S] (S ~ 4,350 image + glyph tokens, 32 heads) are 2.4 GB in float32,
 for each CFG branch; `query_blocked` computes them `block` queries at a time (a sequential map, each block
 rematerialised in the backward pass), so at most [B, H, block, S] exist at once. Every query row still takes
-its softmax over all keys: the result is XLA's up to rounding.
+its softmax over all keys: the result is XLA's up to rounding. `splash` is JAX's Pallas TPU flash kernel
+(jax.experimental.pallas.ops.tpu.splash_attention: online softmax over key blocks, its own backward kernels),
+which never holds a score matrix in HBM; off TPU it runs in Pallas' interpreter (slow; for checking it).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
-IMPLS = ("xla", "cudnn", "blocked")
+IMPLS = ("xla", "cudnn", "blocked", "splash")
 
 
 def attention(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, impl: str | None, block: int):
   """Scaled dot-product attention by `impl` (None = "xla")."""
   if impl == "blocked":
     return query_blocked(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, block)
+  if impl == "splash":
+    return splash(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, block)
   return jax.nn.dot_product_attention(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask=mask_Bx1x1xK,
                                       implementation=None if impl == "xla" else impl)
 
@@ -39,3 +45,60 @@ def query_blocked(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, block: int):
   q_NxBxQxHxD = q_pad.reshape(b, n, block, h, d).swapaxes(0, 1)
   o_NxBxQxHxD = jax.lax.map(lambda q: _one_block(q, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK), q_NxBxQxHxD)
   return o_NxBxQxHxD.swapaxes(0, 1).reshape(b, n * block, h, d)[:, :s]
+
+
+_TILE = 128  # splash's sequence blocks are multiples of this
+
+
+def _block(length: int, want: int) -> int:
+  """The largest multiple of _TILE <= max(want, _TILE) dividing `length` (a multiple of _TILE)."""
+  for size in range(max(want // _TILE, 1) * _TILE, 0, -_TILE):
+    if length % size == 0:
+      return size
+  return _TILE
+
+
+def splash(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, block: int):
+  """Attention by the Pallas splash kernel: queries and keys padded to whole tiles, a key mask (and the padding)
+  as segment ids (query 1, key 1 where valid, 0 elsewhere), q pre-scaled by 1/sqrt(D) (the kernel does not scale).
+  Inside a mesh the kernel runs per device (shard_map: the batch over data x fsdp and heads over tensor where
+  they divide), since XLA cannot partition a Pallas call."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
+  from glmrl import sharding as sharding_lib
+
+  b, s, h, d = q_BxSxHxD.shape
+  k_len = k_BxKxHxD.shape[1]
+  s_pad, k_pad = -(-s // _TILE) * _TILE, -(-k_len // _TILE) * _TILE
+  bq, bk = _block(s_pad, block), _block(k_pad, block)
+  mesh = jax.sharding.get_abstract_mesh()
+  platform = jax.default_backend() if mesh.empty else mesh.abstract_device.platform
+  sizes = kernel_lib.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq, block_kv_dkv=bk,
+                                block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk)
+  valid_BxK = (jnp.ones((b, k_len), bool) if mask_Bx1x1xK is None
+               else jnp.broadcast_to(mask_Bx1x1xK, (b, 1, 1, k_len))[:, 0, 0])
+  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+  q_BxHxSxD = pad(q_BxSxHxD * jnp.asarray(d ** -0.5, q_BxSxHxD.dtype), s_pad)
+  k_BxHxKxD, v_BxHxKxD = pad(k_BxKxHxD, k_pad), pad(v_BxKxHxD, k_pad)
+  q_ids_BxS = jnp.ones((b, s_pad), jnp.int32)
+  k_ids_BxK = jnp.pad(valid_BxK.astype(jnp.int32), ((0, 0), (0, k_pad - k_len)))
+
+  def run(q, k, v, q_ids, k_ids):
+    fn = kernel_lib.make_splash_mha(
+        mask_lib.MultiHeadMask([mask_lib.FullMask((s_pad, k_pad))] * q.shape[1]), block_sizes=sizes, head_shards=1,
+        q_seq_shards=1, interpret=platform != "tpu")
+    return jax.vmap(lambda *x: fn(*x[:3], segment_ids=kernel_lib.SegmentIds(*x[3:])))(q, k, v, q_ids, k_ids)
+
+  if mesh.empty:
+    o_BxHxSxD = run(q_BxHxSxD, k_BxHxKxD, v_BxHxKxD, q_ids_BxS, k_ids_BxK)
+  else:
+    batch = tuple(a for a in sharding_lib.BATCH_AXES if a in mesh.axis_names)
+    if b % math.prod(mesh.shape[a] for a in batch):
+      batch = None  # a batch that does not split (a partly replicated micro-batch): every device computes it
+    head_axis = "tensor" if "tensor" in mesh.axis_names and h % mesh.shape["tensor"] == 0 else None
+    spec = jax.sharding.PartitionSpec(batch, head_axis, None, None)
+    ids = jax.sharding.PartitionSpec(batch, None)
+    o_BxHxSxD = jax.shard_map(run, in_specs=(spec, spec, spec, ids, ids), out_specs=spec, check_vma=False)(
+        q_BxHxSxD, k_BxHxKxD, v_BxHxKxD, q_ids_BxS, k_ids_BxK)
+  return o_BxHxSxD.transpose(0, 2, 1, 3)[:, :s]

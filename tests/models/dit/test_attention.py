@@ -1,5 +1,6 @@
-"""Query-blocked attention equals XLA's (float32, 1e-5) in value and gradient, never holds all queries' scores,
-and the DiT built with it matches diffusers like the default kernel does."""
+"""Query-blocked and Pallas splash attention (TPU's kernel, here in Pallas' interpreter) equal XLA's (float32,
+1e-5) in value and gradient, also per device on a mesh of 8 host devices for splash; blocked never holds all
+queries' scores, and the DiT built with either matches diffusers like the default kernel does."""
 
 import glmrl  # noqa: F401
 
@@ -26,19 +27,47 @@ def _qkv_mask():
   return q, k, v, jnp.asarray(valid)[:, None, None, :]
 
 
-def test_blocked_equals_xla_in_value_and_gradient():
+@pytest.mark.parametrize("impl", ["blocked", "splash"])
+def test_kernel_equals_xla_in_value_and_gradient(impl):
   q, k, v, mask = _qkv_mask()
   cot = jnp.asarray(np.random.default_rng(1).standard_normal((B, S, H, D)), jnp.float32)
 
   def loss(impl):
     return lambda q, k, v: jnp.sum(attention(q, k, v, mask, impl, BLOCK) * cot)
 
-  np.testing.assert_allclose(attention(q, k, v, mask, "blocked", BLOCK), attention(q, k, v, mask, "xla", BLOCK),
+  np.testing.assert_allclose(attention(q, k, v, mask, impl, BLOCK), attention(q, k, v, mask, "xla", BLOCK),
                              atol=1e-5)
-  got = jax.grad(loss("blocked"), argnums=(0, 1, 2))(q, k, v)
+  got = jax.grad(loss(impl), argnums=(0, 1, 2))(q, k, v)
   want = jax.grad(loss("xla"), argnums=(0, 1, 2))(q, k, v)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def test_splash_per_device_on_a_mesh(tmp_path):
+  """On 8 host devices (data 2 x fsdp 2 x tensor 2), inside jit: the kernel runs per device (batch and heads split)
+  and equals XLA's kernel on the same mesh."""
+  import subprocess
+  import sys
+
+  from tests.train.common import ROOT
+
+  script = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import glmrl, jax, jax.numpy as jnp, numpy as np
+from glmrl import sharding
+from glmrl.models.dit.attention import attention
+rng = np.random.default_rng(0)
+q, k, v = (jnp.asarray(rng.standard_normal((4, 150, 4, 16)), jnp.float32) for _ in range(3))
+valid = jnp.asarray(rng.random((4, 150)) < 0.8).at[:, 0].set(True)[:, None, None, :]
+mesh = sharding.make_mesh(2, 2, 2)
+with jax.set_mesh(mesh):
+  run = lambda impl: jax.jit(lambda q, k, v: attention(q, k, v, valid, impl, 128))(q, k, v)
+  print(float(jnp.max(jnp.abs(run("splash") - run("xla")))))
+"""
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
 
 
 def _shapes(jaxpr, acc):
@@ -63,9 +92,10 @@ def test_only_xla_holds_every_querys_scores(impl, whole):
     assert any(s[-2:] == (BLOCK, C + S) for s in shapes)
 
 
-def test_dit_with_blocked_attention_matches_reference(ref_model):
-  """The tiny DiT's 29 tokens in blocks of 4 (the last padded), against diffusers."""
-  cfg = DiTConfig.tiny(attention_impl="blocked", attention_block=4)
+@pytest.mark.parametrize("impl", ["blocked", "splash"])
+def test_dit_with_the_kernel_matches_reference(ref_model, impl):
+  """The tiny DiT's 29 tokens in blocks of 4 (the last padded; splash: one tile of 128), against diffusers."""
+  cfg = DiTConfig.tiny(attention_impl=impl, attention_block=4)
   inputs = torch_ref.t2i_inputs(cfg, seed=1, batch=2, height=8, width=12, text_len=5)
   model = torch_ref.ported(ref_model, cfg)
   want = torch_ref.ref_forward(ref_model, **inputs, prior_token_drop=np.zeros(inputs["prior_token_ids"].shape, bool))
