@@ -1,5 +1,6 @@
 """Two processes x 4 CPU devices (gloo over loopback) train, save and resume as one run, launched as users
-launch main.py, and match one process on 8 devices.
+launch main.py (the sampler reading the generator in the gathered rollout layout), and match one process on 8
+devices (the update's layout).
 
 Tolerances: step 1 (the initial parameters) within 1e-6 relative. After an update the two runs' gradients
 differ by their collectives' summation order (~1e-6 relative), and AdamW's first steps move each parameter by
@@ -44,8 +45,11 @@ def _main(workdir, steps, *extra):
 
 def _two_processes(workdir, steps):
   port = _free_port()
+  # As on a pod: the sampler reads the generator gathered once per rollout (config.rollout.ar_weights), the
+  # single process the update's layout; both draw the same tokens.
   procs = [subprocess.Popen(_main(workdir, steps, f"--coordinator_address=localhost:{port}", "--num_processes=2",
-                                  f"--process_id={i}"), env=_env(4), cwd=ROOT, stdout=subprocess.PIPE,
+                                  f"--process_id={i}", "--config.rollout.ar_weights=gathered"), env=_env(4),
+                            cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True) for i in range(2)]
   for p in procs:
     _, err = p.communicate(timeout=600)
