@@ -16,8 +16,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.param_dtype = "float32"  # Trained AR parameters: "float32" or "bfloat16".
   c.model.compute_dtype = "float32"  # Activations / matmuls: "float32" or "bfloat16".
   # DiT attention kernel: "xla" (all queries' scores at once), "blocked" (512 queries at a time: never the
-  # [B, heads, S, S] scores of 1024^2 images), "cudnn" (flash attention, NVIDIA GPUs, bf16) or "splash" (Pallas
-  # flash attention, TPUs; --mode=compile for a TPU slice).
+  # [B, heads, S, S] scores of 1024^2 images), "cudnn" (flash attention, NVIDIA GPUs, bf16), "splash" (Pallas
+  # flash attention, TPUs; --mode=compile for a TPU slice) or "auto" (splash on TPU, cudnn on GPU in bf16, else xla).
   c.model.dit_attention = "xla"  # DiT attention kernel (see above).
   # Classifier-free guidance's two DiT passes as one forward of twice the batch (larger matmuls; the pass's
   # activations double: the README's compile tables are of the two sequential passes). Text-to-image only.

@@ -120,7 +120,7 @@ RULES: dict[str, Rule] = {
     "model.compute_dtype": choice(*DTYPES),
     "model.remat": BOOL,
     "model.dit_cfg_batched": BOOL,
-    "model.dit_attention": choice(*dit_attention.IMPLS),
+    "model.dit_attention": choice("auto", *dit_attention.IMPLS),
     "lora.rank": integer(0, why="must be >= 0 (0: full fine-tuning)"),
     "lora.alpha": NON_NEGATIVE,
     "lora.targets": Rule(str, _lora_targets_ok, f"must be a preset {sorted(lora_lib.TARGET_PRESETS)} or a valid regex"),

@@ -95,7 +95,7 @@ def build(config, mesh) -> AbstractRun:
   if config.data.mode != "t2i":
     raise UserError("--mode=compile covers text-to-image runs (config.data.mode='t2i'); image-to-image adds the "
                     "condition images' DiT cache, which it does not lower yet")
-  configs = setup_lib.model_configs(config)
+  configs = setup_lib.model_configs(config, platform="tpu")
   models = {}
   for name in glm_image.COMPONENTS:
     graphdef, state = glm_image.abstract_model(name, getattr(configs, name))

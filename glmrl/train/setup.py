@@ -17,6 +17,7 @@ from glmrl.errors import UserError
 from glmrl.models import glm_image
 from glmrl.models.ar import tokenizer as word_tokenizer
 from glmrl.models.ar.prompt import PromptProcessor
+from glmrl.models.dit import attention as attention_lib
 from glmrl.policy import registry
 from glmrl.policy.base import Request
 from glmrl.policy.state import build_state, num_params
@@ -152,17 +153,26 @@ def load_records(config, train: bool = True):
   return records, eval_records
 
 
-def model_configs(config) -> glm_image.GlmImageConfigs:
+def dit_attention(config, platform: str | None = None) -> str:
+  """config.model.dit_attention, "auto" resolved for `platform` (default: this process's backend)."""
+  impl = config.model.dit_attention
+  if impl != "auto":
+    return impl
+  return attention_lib.for_platform(platform or jax.default_backend(), glm_image.DTYPES[config.model.compute_dtype])
+
+
+def model_configs(config, platform: str | None = None) -> glm_image.GlmImageConfigs:
+  """The run's model configs with its runtime fields; `platform`: what the programs run on (--mode=compile: "tpu")."""
   if config.model.checkpoint_dir:
     configs = glm_image.checkpoint_configs(config.model.checkpoint_dir)
   else:
     configs = glm_image.preset_configs(config.model.preset)
   configs.check_consistent()
+  attention = dit_attention(config, platform)
   configs = glm_image.with_dtypes(configs, param_dtype=glm_image.DTYPES[config.model.param_dtype],
                                   compute_dtype=glm_image.DTYPES[config.model.compute_dtype],
                                   remat=config.model.remat,
-                                  dit_attention={"xla": None}.get(config.model.dit_attention,
-                                                                  config.model.dit_attention),
+                                  dit_attention=None if attention == "xla" else attention,
                                   dit_cfg_batched=config.model.dit_cfg_batched)
   if "decoder" in config.train.policies.split("+") and config.model.remat:
     # The decoder update differentiates the DiT: without per-block remat one 1024^2 sample's backward keeps

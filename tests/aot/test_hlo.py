@@ -146,3 +146,17 @@ def test_gathered_rollout_layout_moves_the_generator_once_per_rollout_not_per_to
   # XLA gathers the norms' small vectors as one all-reduce of zero-padded copies, twice a gather's bytes in the
   # ring model: 0.6% more here.
   assert want <= reshard.total <= 1.02 * want
+
+
+def test_auto_attention_compiles_the_splash_kernel_into_the_tpu_decoder():
+  """model.dit_attention="auto" in --mode=compile: the DiT's attention is Pallas' Mosaic kernel in the TPU program
+  (XLA's kernel has none)."""
+  texts = {}
+  for impl in ("xla", "auto"):
+    config = tiny_config(data__prompts_per_step=4, model__dit_attention=impl)
+    run = programs.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
+    with jax.set_mesh(run.mesh):
+      program = programs.decoder(run)
+    texts[impl] = mode_lib.compile_with_text(program.lowered)[1]
+  kernel = 'custom_call_target="tpu_custom_call"'
+  assert kernel in texts["auto"] and kernel not in texts["xla"]

@@ -20,6 +20,16 @@ import jax.numpy as jnp
 IMPLS = ("xla", "cudnn", "blocked", "splash")
 
 
+def for_platform(platform: str, compute_dtype) -> str:
+  """`model.dit_attention="auto"`: the flash kernel of the platform the program runs on (or compiles for):
+  splash on TPU, cuDNN on NVIDIA GPUs in 16-bit compute (its only dtypes), else XLA's."""
+  if platform == "tpu":
+    return "splash"
+  if platform in ("gpu", "cuda") and jnp.dtype(compute_dtype).itemsize == 2:
+    return "cudnn"
+  return "xla"
+
+
 def attention(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, impl: str | None, block: int):
   """Scaled dot-product attention by `impl` (None = "xla")."""
   if impl == "blocked":

@@ -101,3 +101,20 @@ def test_dit_with_the_kernel_matches_reference(ref_model, impl):
   want = torch_ref.ref_forward(ref_model, **inputs, prior_token_drop=np.zeros(inputs["prior_token_ids"].shape, bool))
   got = torch_ref.forward(model, inputs, prior_token_drop=False)
   assert torch_ref.max_abs(got, want) < TOL
+
+
+@pytest.mark.parametrize("platform,dtype,impl", [("tpu", jnp.float32, "splash"), ("gpu", jnp.bfloat16, "cudnn"),
+                                                 ("gpu", jnp.float32, "xla"), ("cpu", jnp.bfloat16, "xla")])
+def test_auto_picks_the_platforms_kernel(platform, dtype, impl):
+  from glmrl.models.dit import attention as attention_lib
+
+  assert attention_lib.for_platform(platform, dtype) == impl
+
+
+def test_auto_resolves_for_the_run_and_for_a_tpu_compile():
+  from glmrl.train import setup
+  from tests.train.common import tiny_config
+
+  config = tiny_config(model__dit_attention="auto")
+  assert setup.model_configs(config).dit.attention_impl is None  # this CPU: XLA's
+  assert setup.model_configs(config, platform="tpu").dit.attention_impl == "splash"
