@@ -26,3 +26,14 @@ def tiny_released(tmp_path_factory):
   from tests.fixtures.released_folder import write_converted
 
   return write_converted(tmp_path_factory.mktemp("tiny_released"))
+
+
+# The suite runs on two workers (`python -m pytest -n 2`). Its longest tests (main.py and multi-device subprocess
+# runs) go first, so that the many short ones fill in at the end and the workers finish together, instead of
+# one worker running the slow tail alone while the other waits.
+_LONG_FIRST = ("tests/train/", "tests/test_main.py", "tests/test_user_path.py", "tests/evaluation/test_compare_run.py")
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  items.sort(key=lambda item: not item.nodeid.startswith(_LONG_FIRST))  # stable: file order kept within each part
