@@ -78,9 +78,6 @@ def group_size(attributes: str, devices: int) -> int:
   m = re.search(r"replica_groups=\{(\{[\d,]*\})", attributes)
   if m:
     return max(len([x for x in m.group(1).strip("{}").split(",") if x]), 1)
-  m = re.search(r"source_target_pairs=", attributes)
-  if m:
-    return 2
   return devices
 
 
@@ -112,7 +109,7 @@ def collective_bytes(opcode: str, shape_text: str, attributes: str, devices: int
 @dataclasses.dataclass
 class _Computation:
   own: dict = dataclasses.field(default_factory=dict)  # collective key -> (kind, bytes per chip)
-  calls: list = dataclasses.field(default_factory=list)   # (callee, multiplicity)
+  calls: list = dataclasses.field(default_factory=list)   # names of the computations it calls (not loops)
   whiles: list = dataclasses.field(default_factory=list)  # (instruction name, body, condition, trip or None)
   constants: dict = dataclasses.field(default_factory=dict)  # scalar integer constants by name
   bound: tuple | None = None  # a condition's ROOT compare(a, b) direction=LT operands
@@ -158,7 +155,7 @@ def _parse(text: str, devices: int) -> tuple[dict, str | None]:
       for callee in group.split(","):
         callee = callee.strip().lstrip("%")
         if callee:
-          current.calls.append((callee, 1))
+          current.calls.append(callee)
   return comps, entry
 
 
@@ -181,7 +178,7 @@ def _collectives(comps: dict, name: str, memo: dict) -> dict:
   if comp is None:
     return memo[name]
   out = dict(comp.own)
-  for callee, _ in comp.calls:
+  for callee in comp.calls:
     out.update(_collectives(comps, callee, memo))
   memo[name] = out
   return out
@@ -189,9 +186,9 @@ def _collectives(comps: dict, name: str, memo: dict) -> dict:
 
 def _totals(comps: dict, name: str, memo: dict) -> tuple[float, dict]:
   """(bytes, collective counts by kind) of one run of computation `name` with everything it calls, its loops
-  (and theirs) times their trip counts."""
+  (and theirs) times their trip counts (`memo`: `_collectives`')."""
   total, counts = 0.0, {}
-  for kind, b in _collectives(comps, name, memo.setdefault("flat", {})).values():
+  for kind, b in _collectives(comps, name, memo).values():
     total += b
     counts[kind] = counts.get(kind, 0) + 1
   for comp in _reachable(comps, name):
@@ -213,7 +210,7 @@ def _reachable(comps: dict, name: str) -> list:
     if n in seen or n not in comps:
       continue
     seen.append(n)
-    stack.extend(callee for callee, _ in comps[n].calls)
+    stack.extend(comps[n].calls)
   return seen
 
 

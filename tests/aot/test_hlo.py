@@ -116,13 +116,10 @@ def program_traffic(builder=programs.sampler, ar_weights="update", **mesh):
   return hlo.traffic(text, 8), run
 
 
-def sampler_traffic(**mesh):
-  return program_traffic(**mesh)
-
 
 def test_the_decode_loop_gathers_sharded_weights_every_token_and_nothing_when_replicated():
-  sharded, run = sampler_traffic(data=1, fsdp=8)
-  replicated, _ = sampler_traffic(data=8, fsdp=1)
+  sharded, run = program_traffic(data=1, fsdp=8)
+  replicated, _ = program_traffic(data=8, fsdp=1)
   tokens = run.layout.num_new_tokens
   for traffic in (sharded, replicated):
     assert traffic.main_loop().trip_count == tokens - 1  # the first token comes from the prefill

@@ -3,20 +3,13 @@ compute dtype and resharded without its fsdp split, and draws the same ids with 
 update's layout (greedy and sampled, the same keys). main.py trains with it on two processes:
 tests/train/test_multihost.py."""
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 
-from tests.train.common import ROOT
+from tests.train.common import device_run
 
 
 def test_gathered_weights_sample_what_the_update_layout_samples(tmp_path):
-  out = subprocess.run([sys.executable, "-m", "tests.sampling.rollout_layout_run", "--devices=8", "--mesh=1,4,2",
-                        f"--workdir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-4000:]
-  result = json.loads(out.stdout.strip().splitlines()[-1])
+  result = device_run("tests.sampling.rollout_layout_run", 8, "1,4,2", tmp_path)
   assert result["devices"] == 8
   for mode in ("greedy", "sampled"):
     update, gathered = result[f"update/{mode}"], result[f"gathered/{mode}"]

@@ -1,7 +1,10 @@
 """Small configs for the train tests: the demo config with fewer, cheaper steps."""
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 
 from configs import demo
 
@@ -52,3 +55,12 @@ def device_run_args():
   args = parser.parse_args()
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
   return args, tuple(int(x) for x in args.mesh.split(","))
+
+
+def device_run(module: str, devices: int, mesh: str, workdir, timeout: int = 900) -> dict:
+  """Runs `python -m module --devices=N --mesh=d,f,t --workdir=DIR` (a script built on `device_run_args`) and
+  returns the JSON it prints last; a failing run fails the test with its stderr."""
+  out = subprocess.run([sys.executable, "-m", module, f"--devices={devices}", f"--mesh={mesh}",
+                        f"--workdir={workdir}"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+  assert out.returncode == 0, out.stderr[-4000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])

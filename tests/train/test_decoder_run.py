@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from tests.train.common import ROOT
+from tests.train.common import ROOT, device_run
 
 
 def test_decoder_demo_learns_through_main(tmp_path):
@@ -39,10 +39,7 @@ def test_decoder_demo_learns_through_main(tmp_path):
 
 
 def test_both_policies_on_eight_devices_resume_exactly(tmp_path):
-  out = subprocess.run([sys.executable, "-m", "tests.train.decoupled_run", "--devices=8", "--mesh=2,2,2",
-                        f"--workdir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=900)
-  assert out.returncode == 0, out.stderr[-4000:]
-  result = json.loads(out.stdout.strip().splitlines()[-1])
+  result = device_run("tests.train.decoupled_run", 8, "2,2,2", tmp_path)
   assert result["devices"] == 8
   assert any("fsdp" in s or "tensor" in s for s in result["dit_shardings"]), result["dit_shardings"]
   for step in result["straight"]:

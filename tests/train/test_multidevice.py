@@ -4,21 +4,14 @@ Tolerance: 1e-4 relative on the step metrics and parameter sums, 1e-5 absolute o
 (which is zero up to rounding); float32, the sharded reductions sum in a different order.
 """
 
-import json
-import subprocess
-import sys
 
 import numpy as np
 
-from tests.train.common import ROOT
+from tests.train.common import device_run
 
 
 def run(devices, mesh, workdir):
-  out = subprocess.run([sys.executable, "-m", "tests.train.multidevice_run", f"--devices={devices}",
-                        f"--mesh={mesh}", f"--workdir={workdir}"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
-  assert out.returncode == 0, out.stderr[-4000:]
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return device_run("tests.train.multidevice_run", devices, mesh, workdir, timeout=600)
 
 
 def test_one_device_equals_eight(tmp_path):

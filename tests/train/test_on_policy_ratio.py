@@ -11,15 +11,12 @@ import sys
 
 import pytest
 
-from tests.train.common import ROOT
+from tests.train.common import ROOT, device_run
 
 
 @pytest.mark.parametrize("devices,mesh", [(1, "1,1,1"), (8, "2,2,2")])
 def test_first_iteration_ratio_is_one(devices, mesh, tmp_path):
-  out = subprocess.run([sys.executable, "-m", "tests.train.ratio_run", f"--devices={devices}", f"--mesh={mesh}",
-                        f"--workdir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-4000:]
-  result = json.loads(out.stdout.strip().splitlines()[-1])
+  result = device_run("tests.train.ratio_run", devices, mesh, tmp_path)
   assert result["devices"] == devices
   micros = (1, 2, 4) if devices == 1 else (1, 4)
   assert sorted(result["ratios"]) == sorted(f"{d}/{m}" for d in ("float32", "bfloat16") for m in micros)
