@@ -1,6 +1,6 @@
-"""Background threads of libraries (TensorBoard's event writer, Orbax's checkpoint writes) that fail with an OSError
-(a full disk) print a traceback through `threading.excepthook`; here it becomes one warning line. The run reports
-what matters itself: a failed checkpoint save stops it with one `error:` line; metrics.jsonl keeps every row."""
+"""Background threads of libraries (Orbax's checkpoint writes) that fail with an OSError (a full disk) print a
+traceback through `threading.excepthook`; here it becomes one warning line. The run reports what matters itself:
+a failed checkpoint save stops it with one `error:` line."""
 
 from __future__ import annotations
 

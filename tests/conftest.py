@@ -5,6 +5,7 @@ test, subprocess runs); the cache turns their repeated compilations into loads.
 """
 
 import os
+import subprocess
 import tempfile
 
 import pytest
@@ -26,6 +27,27 @@ def tiny_released(tmp_path_factory):
   from tests.fixtures.released_folder import write_converted
 
   return write_converted(tmp_path_factory.mktemp("tiny_released"))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """mount(size) -> a fresh tmpfs of that size under tmp_path, unmounted after the test: a disk that fills for
+  real. Mounting needs root (as on this project's machines); elsewhere the test is skipped."""
+  mounted = []
+
+  def mount(size: str):
+    point = tmp_path / f"disk{len(mounted)}"
+    point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
+                            capture_output=True, text=True)
+    if result.returncode:
+      pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    mounted.append(point)
+    return point
+
+  yield mount
+  for point in mounted:
+    subprocess.run(["umount", str(point)], check=False)
 
 
 # The suite runs on two workers (`python -m pytest -n 2`). Its longest tests (main.py and multi-device subprocess

@@ -7,12 +7,11 @@ import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import tensorboardX
 from absl import logging
 from PIL import Image
 
 from glmrl.logging.images import make_grid
-from glmrl.thread_errors import quiet_os_errors
+from glmrl.logging.tensorboard import Events
 
 
 def _to_float(key: str, value: Any) -> float:
@@ -53,9 +52,7 @@ class MetricsWriter:
     self.metrics_path = os.path.join(self.workdir, "metrics.jsonl")
     os.makedirs(self.samples_dir, exist_ok=True)
     self._jsonl = open(self.metrics_path, "a", encoding="utf-8")
-    self._tb = tensorboardX.SummaryWriter(logdir=self.workdir) if tensorboard else None
-    if tensorboard:
-      quiet_os_errors("tensorboardX", "TensorBoard events stopped: %s (metrics.jsonl keeps every row)")
+    self._tb = Events(self.workdir) if tensorboard else None
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> dict[str, float | None]:
     """Logs floats-convertible scalars for `step`; returns the row written to metrics.jsonl."""
@@ -106,7 +103,7 @@ class MetricsWriter:
       raise ValueError(f"tag={tag!r} must be a non-empty string")
     grid = make_grid(images_uint8, captions, ncols)
     if self._tb is not None:
-      self._tb.add_image(tag, grid, step, dataformats="HWC")
+      self._tb.add_image(tag, grid, step)
     safe_tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", tag)
     path = os.path.join(self.samples_dir, f"{safe_tag}_{step:08d}.png")
     Image.fromarray(grid).save(path, format="PNG")

@@ -1,32 +1,10 @@
 """A checkpoint that cannot be written stops the run in one line, its partial folder removed and the steps
 saved before it intact; a folder too small for one checkpoint is refused before the first step. The disk
-fills for real: the workdir is a small tmpfs (mounting one needs root, as on this project's machines)."""
+fills for real: the workdir is a small tmpfs (`small_disk` in tests/conftest.py)."""
 
 import os
-import subprocess
-
-import pytest
 
 from tests.test_main import assert_one_line_error, run_main
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-  mounted = []
-
-  def mount(size: str):
-    point = tmp_path / f"disk{len(mounted)}"
-    point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
-                            capture_output=True, text=True)
-    if result.returncode:
-      pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    mounted.append(point)
-    return point
-
-  yield mount
-  for point in mounted:
-    subprocess.run(["umount", str(point)], check=False)
 
 
 ARGS = ("--config=configs/demo.py", "--config.log.image_interval=0")
