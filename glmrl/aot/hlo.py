@@ -1,13 +1,20 @@
-"""What a compiled program moves between chips, read from its optimized HLO text (`compiled.as_text()`).
+"""What a compiled program moves between chips and to and from HBM, read from its optimized HLO text.
 
-XLA's cost analysis counts a loop's body once and says nothing of collectives; the optimized HLO says
-both. Each collective's bytes per chip follow the ring model over its replica group of n chips (the
+XLA's cost analysis counts a loop's body once (with everything outside it) and says nothing of
+collectives; the optimized HLO says both. Each collective's bytes per chip follow the ring model over its replica group of n chips (the
 traffic into one chip): all-gather (n - 1)/n of its result, reduce-scatter (n - 1) times its result
 (the shard), all-reduce 2 (n - 1)/n of its operand, all-to-all (n - 1)/n, collective-permute all of
 it. A computation's bytes are its own collectives' plus those of every computation it calls (fusions,
 calls, async wrappers; a while loop's body times its known trip count), so the entry computation's
 total is the program's. `loops` are its outermost while loops: the per-iteration bytes of a decode loop
 are what each generated token moves.
+
+HBM bytes (`hbm`) follow XLA's own model, per instruction outside fusions: what it reads of its operands
+and writes of its result, arrays in another memory space (`S(1)`, TPU's on-chip VMEM) not counted. A
+fusion reads of each operand what its fused computation uses: only the slices when the operand is only
+sliced (a layer's weights out of the stacked ones), nothing when it is updated in place; a
+dynamic-update-slice, fused or not, writes only its update. Loops multiply as for the collectives, so a
+decode loop's bytes per iteration are one token's.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ _COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "col
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*)$")
 _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+(?:fn|fnuz)?)?)\[([\d,]*)\]")
+_ARRAY_LAYOUT = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+(?:fn|fnuz)?)?)\[([\d,]*)\](\{[^{}]*\})?")
+_OPERAND = re.compile(r"%([\w.\-]+)")
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|branch_computations|called_computations)=\{?([%\w.\-, ]+)\}?")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _CONSTANT = re.compile(r"^\s*%?([\w.\-]+)\s*=\s*[su]32\[\]\S*\s+constant\((-?\d+)\)")
@@ -62,6 +71,18 @@ def array_bytes(shape_text: str) -> list[float]:
     if dtype not in _DTYPE_BYTES:
       continue
     out.append(_DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d))
+  return out
+
+
+def hbm_array_bytes(shape_text: str) -> list[float]:
+  """`array_bytes`, with 0 for an array placed in another memory space than HBM (a layout's `S(n)`, n > 0)."""
+  out = []
+  for dtype, dims, layout in _ARRAY_LAYOUT.findall(shape_text):
+    if dtype not in _DTYPE_BYTES:
+      continue
+    space = re.search(r"S\((\d+)\)", layout or "")
+    on_hbm = not space or space.group(1) == "0"
+    out.append(_DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d) if on_hbm else 0.0)
   return out
 
 
@@ -113,6 +134,9 @@ class _Computation:
   whiles: list = dataclasses.field(default_factory=list)  # (instruction name, body, condition, trip or None)
   constants: dict = dataclasses.field(default_factory=dict)  # scalar integer constants by name
   bound: tuple | None = None  # a condition's ROOT compare(a, b) direction=LT operands
+  instructions: list = dataclasses.field(default_factory=list)  # (name, shape, opcode, operands, rest, root)
+  shapes: dict = dataclasses.field(default_factory=dict)  # instruction name -> its shape text
+  top_calls: list = dataclasses.field(default_factory=list)  # computations run as code, not fused (call, ...)
 
 
 def _parse(text: str, devices: int) -> tuple[dict, str | None]:
@@ -136,6 +160,11 @@ def _parse(text: str, devices: int) -> tuple[dict, str | None]:
     if not ins:
       continue
     name, shape, opcode, rest = ins.groups()
+    current.shapes[name] = shape
+    current.instructions.append((name, shape, opcode, _OPERAND.findall(rest.split(")", 1)[0]), rest,
+                                 line.lstrip().startswith("ROOT")))
+    if opcode in ("call", "conditional", "async-start"):
+      current.top_calls.extend(c.strip().lstrip("%") for g in _CALLS.findall(rest) for c in g.split(",") if c.strip())
     if opcode.endswith("-done") or opcode == "async-update":
       continue  # the start counted the transfer and followed the wrapped computation
     kind = opcode.removesuffix("-start")
@@ -184,18 +213,26 @@ def _collectives(comps: dict, name: str, memo: dict) -> dict:
   return out
 
 
-def _totals(comps: dict, name: str, memo: dict) -> tuple[float, dict]:
-  """(bytes, collective counts by kind) of one run of computation `name` with everything it calls, its loops
-  (and theirs) times their trip counts (`memo`: `_collectives`')."""
+def _collective_totals(comps: dict, name: str, memo: dict) -> tuple[float, dict]:
+  """(bytes, collective counts by kind) of one run of computation `name` outside its loops (`memo`:
+  `_collectives`')."""
   total, counts = 0.0, {}
   for kind, b in _collectives(comps, name, memo).values():
     total += b
     counts[kind] = counts.get(kind, 0) + 1
+  return total, counts
+
+
+def _totals(comps: dict, name: str, own) -> tuple[float, dict]:
+  """(bytes, counts by kind) of one run of computation `name` with everything it calls: `own(name)` outside its
+  loops, plus its loops (and theirs) times their trip counts."""
+  total, counts = own(name)
+  counts = dict(counts)
   for comp in _reachable(comps, name):
     for _, body, cond, trip in comps[comp].whiles:
       if body:
         k = _trip_count(comps, cond, trip) or 1
-        b, c = _totals(comps, body, memo)
+        b, c = _totals(comps, body, own)
         total += k * b
         for kind, v in c.items():
           counts[kind] = counts.get(kind, 0) + k * v
@@ -214,17 +251,141 @@ def _reachable(comps: dict, name: str) -> list:
   return seen
 
 
-def traffic(text: str, devices: int) -> Traffic:
-  """The collective traffic per chip of an optimized HLO module's text on `devices` chips."""
-  comps, entry = _parse(text, devices)
+def _traffic(comps: dict, entry: str | None, own) -> Traffic:
   if entry is None:
     raise ValueError("no ENTRY computation in the HLO text")
-  memo = {}
-  total, _ = _totals(comps, entry, memo)
+  total, _ = _totals(comps, entry, own)
   loops = []
   for comp in _reachable(comps, entry):
     for name, body, cond, trip in comps[comp].whiles:
-      b, c = _totals(comps, body, memo) if body else (0.0, {})
+      b, c = _totals(comps, body, own) if body else (0.0, {})
       loops.append(Loop(name, _trip_count(comps, cond, trip), b, c))
   outside = total - sum(l.bytes_per_iteration * (l.trip_count or 1) for l in loops)
   return Traffic(outside=outside, loops=loops, total=total)
+
+
+def traffic(text: str, devices: int) -> Traffic:
+  """The collective traffic per chip of an optimized HLO module's text on `devices` chips."""
+  comps, entry = _parse(text, devices)
+  memo = {}
+  return _traffic(comps, entry, lambda name: _collective_totals(comps, name, memo))
+
+
+# Instructions that move no HBM bytes themselves (views, tuples, control; a loop or call is counted through the
+# computations it runs).
+_NO_BYTES = frozenset(("parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "partition-id",
+                       "replica-id", "while", "call", "conditional", "opt-barrier", "add-dependency", "domain",
+                       "async-start", "async-update", "async-done", "copy-done"))
+_SLICES = ("slice", "dynamic-slice", "gather")
+
+
+def _fused_reads(comps: dict, fused: _Computation, index: int, operand_bytes: float) -> float:
+  """Bytes a fusion reads of its operand `index` (`operand_bytes` whole): the slices of it that its fused
+  computation takes when it only slices it (through bitcasts and nested fusions), nothing when it only updates
+  it in place."""
+  read, whole = _slices_read(comps, fused, index, operand_bytes)
+  return operand_bytes if whole else min(read, operand_bytes)
+
+
+def _slices_read(comps: dict, fused: _Computation, index: int, operand_bytes: float) -> tuple[float, bool]:
+  """(bytes sliced out of parameter `index` of `fused`, whether it is used whole: read by anything but a slice
+  or an in-place update, or returned through bitcasts)."""
+  param = next((n for n, _, op, _, rest, _ in fused.instructions if op == "parameter" and
+                re.match(rf"{index}\)", rest)), None)
+  if param is None or not operand_bytes:
+    return 0.0, bool(operand_bytes)
+  names, read = [param], 0.0
+  while names:
+    current = names.pop()
+    for n, shape, op, operands, rest, root in fused.instructions:
+      if n == current and root:
+        return read, True  # the value (a view of the parameter) leaves the fusion
+      if current not in operands:
+        continue
+      callee = re.search(r"\bcalls=%?([\w.\-]+)", rest) if op == "fusion" else None
+      if op == "bitcast":
+        names.append(n)
+      elif callee and callee.group(1) in comps:
+        for i, o in enumerate(operands):
+          if o == current:
+            nested_read, nested_whole = _slices_read(comps, comps[callee.group(1)], i, operand_bytes)
+            read += nested_read
+            if nested_whole:
+              names.append(n)  # the nested fusion passes the parameter on: follow its result here
+      elif op in _SLICES and operands[0] == current:
+        read += sum(array_bytes(shape))
+      elif op == "dynamic-update-slice" and operands[0] == current:
+        continue  # written in place: the update is the write
+      else:
+        return read, True
+  return read, False
+
+
+def _written(comp: _Computation, name: str, shape: str, opcode: str, operands: list) -> float:
+  """HBM bytes an instruction's result takes to write: a dynamic-update-slice's update only (in place)."""
+  if opcode == "dynamic-update-slice" and len(operands) > 1:
+    return sum(hbm_array_bytes(comp.shapes.get(operands[1], "")))
+  del name
+  return sum(hbm_array_bytes(shape))
+
+
+def _fusion_written(fused: _Computation, shape: str) -> float:
+  root = next((i for i in fused.instructions if i[5]), None)
+  if root is None:
+    return sum(hbm_array_bytes(shape))
+  _, root_shape, opcode, operands, _, _ = root
+  if opcode == "dynamic-update-slice":
+    return sum(array_bytes(fused.shapes.get(operands[1], "")))
+  if opcode == "tuple":
+    out = hbm_array_bytes(shape)
+    for i, element in enumerate(operands[:len(out)]):
+      producer = next((x for x in fused.instructions if x[0] == element), None)
+      if producer is not None and producer[2] == "dynamic-update-slice" and out[i]:
+        out[i] = sum(array_bytes(fused.shapes.get(producer[3][1], "")))
+    return sum(out)
+  del root_shape
+  return sum(hbm_array_bytes(shape))
+
+
+def _hbm_own(comps: dict, name: str, memo: dict) -> float:
+  """HBM bytes per chip of one run of computation `name` outside its loops, with the computations it runs as
+  code (call, conditional, async)."""
+  if name in memo:
+    return memo[name]
+  memo[name] = 0.0
+  comp = comps.get(name)
+  if comp is None:
+    return 0.0
+  total = 0.0
+  for ins_name, shape, opcode, operands, rest, _ in comp.instructions:
+    if opcode in _NO_BYTES:
+      continue
+    reads = [sum(hbm_array_bytes(comp.shapes.get(o, ""))) for o in operands]
+    if opcode == "fusion":
+      callee = re.search(r"\bcalls=%?([\w.\-]+)", rest)
+      fused = comps.get(callee.group(1)) if callee else None
+      if fused is not None:
+        total += sum(_fused_reads(comps, fused, i, b) for i, b in enumerate(reads)) + _fusion_written(fused, shape)
+        continue
+    if opcode in _SLICES:
+      out = sum(hbm_array_bytes(shape))
+      total += out + out + sum(reads[1:])  # the slice read, its result written, the indices
+      continue
+    if opcode == "dynamic-update-slice":
+      total += 2 * _written(comp, ins_name, shape, opcode, operands)  # the update read and written in place
+      continue
+    if opcode == "copy-start":
+      total += reads[0] if reads else 0.0
+      continue
+    total += sum(reads) + _written(comp, ins_name, shape, opcode, operands)
+  for callee in comp.top_calls:
+    total += _hbm_own(comps, callee, memo)
+  memo[name] = total
+  return total
+
+
+def hbm(text: str, devices: int) -> Traffic:
+  """HBM bytes per chip of an optimized HLO module's text (see the module doc), in and outside its loops."""
+  comps, entry = _parse(text, devices)
+  memo = {}
+  return _traffic(comps, entry, lambda name: (_hbm_own(comps, name, memo), {}))

@@ -5,14 +5,14 @@ model, which stay in HBM across programs) + the program's temporaries + its outp
 reuse a donated input + its arguments that are not resident state (batch inputs). The step's peak
 is the largest program's. FLOPs come from formulas: XLA's cost analysis counts the body of a loop
 (the DiT's denoising steps, the sampler's decode loop, the micro-batch scan) once. What crosses the
-chip links comes from the optimized HLO (`glmrl.aot.hlo`), per iteration of the program's main loop
-and outside it.
+chip links and what moves to and from HBM come from the optimized HLO (`glmrl.aot.hlo`), per iteration
+of the program's main loop and outside it. XLA's own count of HBM bytes (`bytes accessed`) is kept
+beside them: it counts each loop body once, with the code outside it, so it is not one iteration's.
 
 Roofline time of one call of a program with a main loop of T iterations: T x max(FLOPs per chip / T /
-peak FLOP/s, HBM bytes / HBM bandwidth, link bytes per iteration / link bandwidth) + the link bytes
-outside the loop / link bandwidth; without a loop, the max of the three totals. HBM bytes are XLA's
-count (`bytes accessed`: each loop body once, with the code outside it), the stand-in for one
-iteration's. The step's roofline is the sum over programs of calls x that.
+peak FLOP/s, HBM bytes per iteration / HBM bandwidth, link bytes per iteration / link bandwidth) +
+max(HBM bytes outside the loop / HBM bandwidth, link bytes outside it / link bandwidth); without a loop,
+the max of the three totals. The step's roofline is the sum over programs of calls x that.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> d
   return out
 
 
-def hbm_bytes(compiled) -> float:
+def xla_bytes_accessed(compiled) -> float:
   """XLA's `bytes accessed` of a compiled program per chip (each loop body counted once)."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -95,16 +95,17 @@ def hbm_bytes(compiled) -> float:
 def roofline(entry: dict, chip, chips: int) -> tuple[float, str]:
   """(seconds of one call, its binding term: "flops", "hbm" or "links") of a program's entry (see the module doc)."""
   flops = entry.get("flops", 0.0) / entry["calls_per_step"] / chips
-  hbm, loop = entry["hbm_bytes"], entry.get("main_loop")
+  loop = entry.get("main_loop")
   trips = (loop or {}).get("trip_count") or 0
   if trips:
-    link = loop["collective_bytes_per_iteration"]
-    outside = entry["collective_bytes_total"] - trips * link
+    link, hbm = loop["collective_bytes_per_iteration"], loop["hbm_bytes_per_iteration"]
+    link_outside = entry["collective_bytes_total"] - trips * link
+    hbm_outside = entry["hbm_bytes_total"] - trips * hbm
     terms = {"flops": flops / trips / chip.peak_bf16_flops, "hbm": hbm / chip.hbm_bandwidth,
              "links": link / chip.link_bandwidth}
     bound = max(terms, key=terms.get)
-    return trips * terms[bound] + outside / chip.link_bandwidth, bound
-  terms = {"flops": flops / chip.peak_bf16_flops, "hbm": hbm / chip.hbm_bandwidth,
+    return trips * terms[bound] + max(hbm_outside / chip.hbm_bandwidth, link_outside / chip.link_bandwidth), bound
+  terms = {"flops": flops / chip.peak_bf16_flops, "hbm": entry["hbm_bytes_total"] / chip.hbm_bandwidth,
            "links": entry["collective_bytes_total"] / chip.link_bandwidth}
   bound = max(terms, key=terms.get)
   return terms[bound], bound
@@ -118,15 +119,18 @@ def program_entry(program, compiled, hlo_text: str, resident_bytes: int, flops: 
                             int(m.temp_size_in_bytes), int(m.alias_size_in_bytes))
   peak = resident_bytes + temp + max(out - alias, 0) + max(args - state, 0)
   entry = {"argument_bytes": args, "output_bytes": out, "temp_bytes": temp, "alias_bytes": alias,
-           "peak_bytes_per_chip": peak, "calls_per_step": program.calls, "hbm_bytes": hbm_bytes(compiled)}
+           "peak_bytes_per_chip": peak, "calls_per_step": program.calls,
+           "xla_bytes_accessed": xla_bytes_accessed(compiled)}
   if flops is not None:
     entry["flops"] = float(flops)
-  traffic = hlo.traffic(hlo_text, chips)
-  entry["collective_bytes_total"] = traffic.total
+  traffic, memory = hlo.traffic(hlo_text, chips), hlo.hbm(hlo_text, chips)
+  entry["collective_bytes_total"], entry["hbm_bytes_total"] = traffic.total, memory.total
   loop = traffic.main_loop()
   if loop is not None:
+    hbm_loop = next(l for l in memory.loops if l.name == loop.name)  # the same parse: the same loops
     entry["main_loop"] = {"trip_count": loop.trip_count, "collective_bytes_per_iteration": loop.bytes_per_iteration,
-                          "collectives_per_iteration": loop.collectives_per_iteration}
+                          "collectives_per_iteration": loop.collectives_per_iteration,
+                          "hbm_bytes_per_iteration": hbm_loop.bytes_per_iteration}
   seconds, bound = roofline(entry, chip, chips)
   entry["roofline_seconds"], entry["roofline_bound"] = program.calls * seconds, bound
   return entry
@@ -149,18 +153,19 @@ def table(report: dict) -> str:
           f"{'fits' if report['fits'] else 'does not fit'}, peak {gib(report['peak_bytes_per_chip'])} GiB per chip "
           f"({100 * report['peak_bytes_per_chip'] / report['hbm_bytes_per_chip']:.0f}% of HBM)", "",
           "| program | arguments | outputs | temporaries | aliased | peak per chip | TFLOPs | main loop x calls | "
-          "chip links per iteration | chip links in all | roofline s (bound) |",
-          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+          "HBM per iteration | chip links per iteration | chip links in all | roofline s (bound) |",
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
   for name, p in report["programs"].items():
     if "error" in p:
-      rows.append(f"| {name} | {p['error']} | | | | | | | | | |")
+      rows.append(f"| {name} | {p['error']} | | | | | | | | | | |")
       continue
     flops = f"{p['flops'] / 1e12:,.0f}" if "flops" in p else ""
     loop = p.get("main_loop") or {}
     trips = f"{loop.get('trip_count') or '?'} x {p['calls_per_step']}" if loop else f"- x {p['calls_per_step']}"
     per_iter = human_bytes(loop["collective_bytes_per_iteration"]) if loop else ""
+    hbm_iter = human_bytes(loop["hbm_bytes_per_iteration"]) if loop else human_bytes(p["hbm_bytes_total"])
     rows.append(f"| {name} | {gib(p['argument_bytes'])} | {gib(p['output_bytes'])} | {gib(p['temp_bytes'])} | "
-                f"{gib(p['alias_bytes'])} | {gib(p['peak_bytes_per_chip'])} | {flops} | {trips} | {per_iter} | "
+                f"{gib(p['alias_bytes'])} | {gib(p['peak_bytes_per_chip'])} | {flops} | {trips} | {hbm_iter} | {per_iter} | "
                 f"{human_bytes(p['collective_bytes_total'] * p['calls_per_step'])} | "
                 f"{p['roofline_seconds']:,.2f} ({p['roofline_bound']}) |")
   state = report["state_bytes_per_chip"]
