@@ -149,9 +149,14 @@ def table(report: dict) -> str:
   """The report as a Markdown table (per-chip GiB), as the README shows it."""
   gib = lambda v: f"{v / 2**30:,.1f}"
   chips = f"{report['chips']} chips" if report["chips"] > 1 else "1 chip"
-  rows = [f"**{report['topology']}** ({chips}, {gib(report['hbm_bytes_per_chip'])} GiB HBM each): "
-          f"{'fits' if report['fits'] else 'does not fit'}, peak {gib(report['peak_bytes_per_chip'])} GiB per chip "
-          f"({100 * report['peak_bytes_per_chip'] / report['hbm_bytes_per_chip']:.0f}% of HBM)", "",
+  hbm = report["hbm_bytes_per_chip"]
+  over = [f"{name} {gib(p['peak_bytes_per_chip'] - hbm)} GiB over" if "peak_bytes_per_chip" in p else
+          f"{name} refused by the compiler" for name, p in report["programs"].items()
+          if p.get("peak_bytes_per_chip", 0) > hbm or p.get("fits") is False]
+  verdict = "fits" if report["fits"] else "does not fit" + (f" ({'; '.join(over)})" if over else "")
+  rows = [f"**{report['topology']}** ({chips}, {gib(hbm)} GiB HBM each): "
+          f"{verdict}, peak {gib(report['peak_bytes_per_chip'])} GiB per chip "
+          f"({100 * report['peak_bytes_per_chip'] / hbm:.0f}% of HBM)", "",
           "| program | arguments | outputs | temporaries | aliased | peak per chip | TFLOPs | main loop x calls | "
           "HBM per iteration | chip links per iteration | chip links in all | roofline s (bound) |",
           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -50,10 +50,26 @@ def test_main_writes_the_report_for_a_slice(tmp_path):
   loop = report["programs"]["ar_sampler"]["main_loop"]
   assert loop["trip_count"] > 1 and loop["collective_bytes_per_iteration"] > 0
   assert loop["collectives_per_iteration"]["all-gather"] > 0
+  assert 0 < loop["hbm_bytes_per_iteration"] < report["programs"]["ar_sampler"]["hbm_bytes_total"]
   seconds = [p["roofline_seconds"] for p in report["programs"].values()]
   assert all(s > 0 for s in seconds)
   assert report["roofline_step_seconds"] == pytest.approx(sum(seconds), rel=1e-12)
   assert "chip links per iteration" in (tmp_path / "compile_report.md").read_text()
+  assert "HBM per iteration" in (tmp_path / "compile_report.md").read_text()
+
+
+def test_the_table_names_each_program_that_does_not_fit_and_by_how_much():
+  gib = 2**30
+  program = {"argument_bytes": gib, "output_bytes": 0, "temp_bytes": gib, "alias_bytes": 0, "calls_per_step": 1,
+             "collective_bytes_total": 0.0, "hbm_bytes_total": gib, "roofline_seconds": 1.0, "roofline_bound": "hbm"}
+  report = {"topology": "v6e-8", "chips": 8, "hbm_bytes_per_chip": 32 * gib, "fits": False,
+            "peak_bytes_per_chip": int(34.5 * gib), "state_bytes_per_chip": {"params": gib},
+            "roofline_step_seconds": 2.0, "estimated_step_seconds": 3.0, "mfu_assumption": 0.4,
+            "programs": {"ar_sampler": {**program, "peak_bytes_per_chip": 20 * gib},
+                         "update": {**program, "peak_bytes_per_chip": int(34.5 * gib)},
+                         "decoder": {"error": "RESOURCE_EXHAUSTED: ran out of memory", "fits": False}}}
+  header = report_lib.table(report).splitlines()[0]
+  assert "does not fit (update 2.5 GiB over; decoder refused by the compiler)" in header, header
 
 
 def abstract_run(chips: int):
