@@ -47,7 +47,7 @@ def small_disk(tmp_path):
 
   yield mount
   for point in mounted:
-    subprocess.run(["umount", str(point)], check=False)
+    subprocess.run(["umount", "--lazy", str(point)], check=False)  # detached even if a file there is still open
 
 
 # The suite runs on two workers (`python -m pytest -n 2`). Its longest tests (main.py and multi-device subprocess

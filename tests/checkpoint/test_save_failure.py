@@ -22,7 +22,7 @@ def test_a_full_disk_stops_the_run_and_keeps_the_saved_steps(small_disk):
   work = small_disk("7m") / "run"
   result = run_main(*ARGS, "--config.train.num_steps=6", "--config.checkpoint.save_interval=1",
                     "--config.checkpoint.max_to_keep=10", tmp_path=work, timeout=300)
-  assert_one_line_error(result, "saving a checkpoint into")
+  assert_one_line_error(result, "saving a checkpoint into", within=None)  # after two steps' work
   assert "no space left on device" in result.stderr and "step 6/6" not in result.stderr
   assert result.stderr.count("Traceback") == 0 and len(result.stderr.splitlines()) < 60
   names = os.listdir(work / "checkpoints")
