@@ -13,7 +13,8 @@ HBM bytes (`hbm`) follow XLA's own model, per instruction outside fusions: what 
 and writes of its result, arrays in another memory space (`S(1)`, TPU's on-chip VMEM) not counted. A
 fusion reads of each operand what its fused computation uses: only the slices when the operand is only
 sliced (a layer's weights out of the stacked ones), nothing when it is updated in place; a
-dynamic-update-slice, fused or not, writes only its update. Loops multiply as for the collectives, so a
+dynamic-update-slice, fused or not, writes only its update; an asynchronous collective reads its operand and
+writes its result once (in its start). Loops multiply as for the collectives, so a
 decode loop's bytes per iteration are one token's.
 """
 
@@ -376,6 +377,15 @@ def _hbm_own(comps: dict, name: str, memo: dict) -> float:
       continue
     if opcode == "copy-start":
       total += reads[0] if reads else 0.0
+      continue
+    if opcode.endswith("-start"):
+      # An async collective's start returns (operands, results[, context]): it reads the operands and writes the
+      # results once; its done moves nothing more.
+      arrays = hbm_array_bytes(shape)
+      operand_arrays = len(operands)
+      total += sum(reads) + sum(arrays[operand_arrays:2 * operand_arrays] if len(arrays) > operand_arrays else arrays)
+      continue
+    if opcode.endswith("-done"):
       continue
     total += sum(reads) + _written(comp, ins_name, shape, opcode, operands)
   for callee in comp.top_calls:

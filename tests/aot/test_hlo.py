@@ -157,6 +157,9 @@ DECODE_MODULE = """HloModule jit_decode, entry_computation_layout={()->f32[1024]
   %zero = s32[] constant(0)
   %c3 = bf16[64,256]{1,0} dynamic-update-slice(%c2, %u, %i, %zero)
   %all = f32[] fusion(%w), kind=kLoop, calls=%whole
+  %s16 = bf16[16,64]{1,0} slice(%c), slice={[0:16], [0:64]}
+  %ag = (bf16[16,64]{1,0}, bf16[64,64]{1,0}, u32[]{:S(2)}) all-gather-start(%s16), channel_id=5, replica_groups=[2,4]<=[8], dimensions={0}
+  %agd = bf16[64,64]{1,0} all-gather-done(%ag)
   ROOT %r = (s32[], bf16[4,256,256], bf16[8,256], bf16[64,256], bf16[1,256]) tuple(%i, %w, %h, %c3, %u)
 }
 
@@ -184,7 +187,9 @@ def test_hand_written_module_hbm_bytes():
   update = 256 * 2 + 4 + 256 * 2  # the cache updated in place: u and i read, u's bytes written
   dus = 2 * 256 * 2  # an unfused in-place update: u read and written
   whole = 4 * 256 * 256 * 2 + 4  # passed through a nested fusion and reduced: all 4 layers read
-  assert loop.trip_count == 10 and loop.bytes_per_iteration == layer + update + dus + whole
+  sliced = 2 * 16 * 64 * 2  # read and written
+  gather = 16 * 64 * 2 + 64 * 64 * 2  # the start reads its operand and writes its result; the done moves nothing
+  assert loop.trip_count == 10 and loop.bytes_per_iteration == layer + update + dus + whole + sliced + gather
   assert memory.total == memory.outside + 10 * loop.bytes_per_iteration
 
 
