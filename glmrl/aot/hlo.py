@@ -35,7 +35,7 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w
 _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+(?:fn|fnuz)?)?)\[([\d,]*)\]")
 _ARRAY_LAYOUT = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+(?:fn|fnuz)?)?)\[([\d,]*)\](\{[^{}]*\})?")
 _OPERAND = re.compile(r"%([\w.\-]+)")
-_CALLS = re.compile(r"\b(?:calls|to_apply|body|branch_computations|called_computations)=\{?([%\w.\-, ]+)\}?")
+_CALLS = re.compile(r"\b(?:calls|to_apply|body|branch_computations|called_computations)=(?:\{([^}]*)\}|%?([\w.\-]+))")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _CONSTANT = re.compile(r"^\s*%?([\w.\-]+)\s*=\s*[su]32\[\]\S*\s+constant\((-?\d+)\)")
 _BOUND = re.compile(r"^\s*ROOT\s.*\bcompare\(%?([\w.\-]+),\s*%?([\w.\-]+)\),\s*direction=LT")
@@ -85,6 +85,12 @@ def hbm_array_bytes(shape_text: str) -> list[float]:
     on_hbm = not space or space.group(1) == "0"
     out.append(_DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d) if on_hbm else 0.0)
   return out
+
+
+def _callees(rest: str) -> list[str]:
+  """The computations an instruction names (`calls=%f`, `branch_computations={%a, %b}`, ...)."""
+  return [c.strip().lstrip("%") for braced, single in _CALLS.findall(rest)
+          for c in (braced.split(",") if braced else [single]) if c.strip()]
 
 
 def group_size(attributes: str, devices: int) -> int:
@@ -165,7 +171,7 @@ def _parse(text: str, devices: int) -> tuple[dict, str | None]:
     current.instructions.append((name, shape, opcode, _OPERAND.findall(rest.split(")", 1)[0]), rest,
                                  line.lstrip().startswith("ROOT")))
     if opcode in ("call", "conditional", "async-start"):
-      current.top_calls.extend(c.strip().lstrip("%") for g in _CALLS.findall(rest) for c in g.split(",") if c.strip())
+      current.top_calls.extend(_callees(rest))
     if opcode.endswith("-done") or opcode == "async-update":
       continue  # the start counted the transfer and followed the wrapped computation
     kind = opcode.removesuffix("-start")
@@ -181,11 +187,7 @@ def _parse(text: str, devices: int) -> tuple[dict, str | None]:
       current.whiles.append((name, body.group(1) if body else None, cond.group(1) if cond else None,
                              int(trip.group(1)) if trip else None))
       continue
-    for group in _CALLS.findall(rest):
-      for callee in group.split(","):
-        callee = callee.strip().lstrip("%")
-        if callee:
-          current.calls.append(callee)
+    current.calls.extend(_callees(rest))
   return comps, entry
 
 
@@ -265,18 +267,11 @@ def _traffic(comps: dict, entry: str | None, own) -> Traffic:
   return Traffic(outside=outside, loops=loops, total=total)
 
 
-def traffic(text: str, devices: int) -> Traffic:
-  """The collective traffic per chip of an optimized HLO module's text on `devices` chips."""
-  comps, entry = _parse(text, devices)
-  memo = {}
-  return _traffic(comps, entry, lambda name: _collective_totals(comps, name, memo))
-
-
 # Instructions that move no HBM bytes themselves (views, tuples, control; a loop or call is counted through the
 # computations it runs).
 _NO_BYTES = frozenset(("parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "partition-id",
                        "replica-id", "while", "call", "conditional", "opt-barrier", "add-dependency", "domain",
-                       "async-start", "async-update", "async-done", "copy-done"))
+                       "async-start", "async-update"))  # collectives' and copies' -start and -done: in `_hbm_own`
 _SLICES = ("slice", "dynamic-slice", "gather")
 
 
@@ -322,19 +317,11 @@ def _slices_read(comps: dict, fused: _Computation, index: int, operand_bytes: fl
   return read, False
 
 
-def _written(comp: _Computation, name: str, shape: str, opcode: str, operands: list) -> float:
-  """HBM bytes an instruction's result takes to write: a dynamic-update-slice's update only (in place)."""
-  if opcode == "dynamic-update-slice" and len(operands) > 1:
-    return sum(hbm_array_bytes(comp.shapes.get(operands[1], "")))
-  del name
-  return sum(hbm_array_bytes(shape))
-
-
 def _fusion_written(fused: _Computation, shape: str) -> float:
   root = next((i for i in fused.instructions if i[5]), None)
   if root is None:
     return sum(hbm_array_bytes(shape))
-  _, root_shape, opcode, operands, _, _ = root
+  _, _, opcode, operands, _, _ = root
   if opcode == "dynamic-update-slice":
     return sum(array_bytes(fused.shapes.get(operands[1], "")))
   if opcode == "tuple":
@@ -344,7 +331,6 @@ def _fusion_written(fused: _Computation, shape: str) -> float:
       if producer is not None and producer[2] == "dynamic-update-slice" and out[i]:
         out[i] = sum(array_bytes(fused.shapes.get(producer[3][1], "")))
     return sum(out)
-  del root_shape
   return sum(hbm_array_bytes(shape))
 
 
@@ -358,7 +344,7 @@ def _hbm_own(comps: dict, name: str, memo: dict) -> float:
   if comp is None:
     return 0.0
   total = 0.0
-  for ins_name, shape, opcode, operands, rest, _ in comp.instructions:
+  for _, shape, opcode, operands, rest, _ in comp.instructions:
     if opcode in _NO_BYTES:
       continue
     reads = [sum(hbm_array_bytes(comp.shapes.get(o, ""))) for o in operands]
@@ -373,7 +359,7 @@ def _hbm_own(comps: dict, name: str, memo: dict) -> float:
       total += out + out + sum(reads[1:])  # the slice read, its result written, the indices
       continue
     if opcode == "dynamic-update-slice":
-      total += 2 * _written(comp, ins_name, shape, opcode, operands)  # the update read and written in place
+      total += 2 * reads[1]  # the update read and written in place
       continue
     if opcode == "copy-start":
       total += reads[0] if reads else 0.0
@@ -387,15 +373,27 @@ def _hbm_own(comps: dict, name: str, memo: dict) -> float:
       continue
     if opcode.endswith("-done"):
       continue
-    total += sum(reads) + _written(comp, ins_name, shape, opcode, operands)
+    total += sum(reads) + sum(hbm_array_bytes(shape))
   for callee in comp.top_calls:
     total += _hbm_own(comps, callee, memo)
   memo[name] = total
   return total
 
 
-def hbm(text: str, devices: int) -> Traffic:
-  """HBM bytes per chip of an optimized HLO module's text (see the module doc), in and outside its loops."""
+def analyse(text: str, devices: int) -> tuple[Traffic, Traffic]:
+  """(collective traffic, HBM bytes) per chip of an optimized HLO module's text on `devices` chips, from one
+  parse (see the module doc)."""
   comps, entry = _parse(text, devices)
-  memo = {}
-  return _traffic(comps, entry, lambda name: (_hbm_own(comps, name, memo), {}))
+  collective_memo, hbm_memo = {}, {}
+  return (_traffic(comps, entry, lambda name: _collective_totals(comps, name, collective_memo)),
+          _traffic(comps, entry, lambda name: (_hbm_own(comps, name, hbm_memo), {})))
+
+
+def traffic(text: str, devices: int) -> Traffic:
+  """The collective traffic per chip of an optimized HLO module's text on `devices` chips."""
+  return analyse(text, devices)[0]
+
+
+def hbm(text: str, devices: int) -> Traffic:
+  """HBM bytes per chip of an optimized HLO module's text, in and outside its loops."""
+  return analyse(text, devices)[1]

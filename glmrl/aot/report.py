@@ -123,7 +123,7 @@ def program_entry(program, compiled, hlo_text: str, resident_bytes: int, flops: 
            "xla_bytes_accessed": xla_bytes_accessed(compiled)}
   if flops is not None:
     entry["flops"] = float(flops)
-  traffic, memory = hlo.traffic(hlo_text, chips), hlo.hbm(hlo_text, chips)
+  traffic, memory = hlo.analyse(hlo_text, chips)
   entry["collective_bytes_total"], entry["hbm_bytes_total"] = traffic.total, memory.total
   loop = traffic.main_loop()
   if loop is not None:

@@ -28,18 +28,20 @@ class Events:
   def __init__(self, logdir: str):
     self._file: EventsWriter | None = None
     self._last_flush = time.monotonic()
-    self._guarded(lambda: setattr(self, "_file", EventsWriter(os.path.join(logdir, "events"))))
+    self._file = self._guarded(lambda: EventsWriter(os.path.join(logdir, "events")))
 
   @property
   def stopped(self) -> bool:
     return self._file is None
 
-  def _guarded(self, write) -> None:
+  def _guarded(self, write):
+    """write()'s result; on an OSError, None and the events stopped."""
     try:
-      write()
+      return write()
     except OSError as e:
       logging.warning(STOPPED, e)
       self._file = None
+      return None
 
   def _add(self, summary, step: int) -> None:
     if self._file is None:
