@@ -19,6 +19,8 @@ import logging as std_logging
 import os
 import shutil
 import sys
+import time
+import traceback
 
 import jax
 import numpy as np
@@ -183,9 +185,7 @@ class TrainCheckpointer:
     try:
       yield
     except Exception as e:  # pylint: disable=broad-except  # whatever the write failed with
-      partial = [d for d in os.listdir(self.directory) if ".orbax-checkpoint-tmp" in d]
-      for d in partial:
-        shutil.rmtree(os.path.join(self.directory, d), ignore_errors=True)
+      partial = self._remove_partial()
       why = describe_failure(self.directory, e)
       if "No space left on device" in str(e):
         why = f"no space left on device ({why[:160]}...)"
@@ -194,6 +194,22 @@ class TrainCheckpointer:
           f"stopped, steps {saved_steps(os.path.dirname(self.directory)) or 'none'} are intact"
           f"{' (removed the partial ' + ', '.join(partial) + ')' if partial else ''}; free space or fix the "
           "folder, then rerun to resume") from None
+
+  def _remove_partial(self, quiet_s: float = 1.0, limit_s: float = 30.0) -> list[str]:
+    """Removes the failed step's temporary folders; returns their names. Orbax stops waiting at the first failed
+    write while the step's other writes (TensorStore's, on its own threads) still land and recreate the folder:
+    removed again until none has reappeared for `quiet_s` seconds (`limit_s` at most)."""
+    removed = set()
+    start = quiet = time.monotonic()
+    while time.monotonic() - quiet < quiet_s and time.monotonic() - start < limit_s:
+      partial = [d for d in os.listdir(self.directory) if ".orbax-checkpoint-tmp" in d]
+      for d in partial:
+        shutil.rmtree(os.path.join(self.directory, d), ignore_errors=True)
+      if partial:
+        removed.update(partial)
+        quiet = time.monotonic()
+      time.sleep(0.05)
+    return sorted(removed)
 
   def restore(self, step: int, abstract_items: dict, abstract_rng_key):
     """Restores the named items onto the shardings carried by their abstract trees; returns (items, key, meta)."""
@@ -388,12 +404,27 @@ class _OrphanedReads:
 
     sys.unraisablehook = hook
     about_a_step = lambda r: self._names_step(r.getMessage() + str(r.exc_info[1] if r.exc_info else ""))
-    std_logging.getLogger("asyncio").addFilter(lambda r: not about_a_step(r))
-    # Orbax logs a failed background save from each of its threads, traceback and all, before the next save or
-    # close reports it once (`TrainCheckpointer._surfaced`).
+    # A write that failed on a full disk is also logged by asyncio ('Future exception was never retrieved') when
+    # the run stops; it names no folder, only its OSError raised in Orbax.
+    std_logging.getLogger("asyncio").addFilter(
+        lambda r: not (about_a_step(r) or (self.saving and _orbax_os_error(r))))
+    # Orbax logs a failed background save from each of its threads and again when it is waited for, traceback
+    # and all, before the next save or close reports it once (`TrainCheckpointer._surfaced`). Some of those
+    # records name no folder (a full disk while writing a step's JSON metadata): their OSError identifies them.
     logging.get_absl_logger().addFilter(
         lambda r: not ("orbax" in r.pathname and self.saving and (
-            about_a_step(r) or any(d in r.getMessage() for d in self.saving))))
+            about_a_step(r) or any(d in r.getMessage() for d in self.saving) or _orbax_os_error(r))))
+
+
+def _orbax_os_error(record) -> bool:
+  """Whether the record carries an OSError raised in Orbax's code (itself, or the one that the logged exception
+  was raised while handling)."""
+  error = record.exc_info[1] if record.exc_info else None
+  while error is not None:
+    if isinstance(error, OSError) and any("orbax" in f.filename for f in traceback.extract_tb(error.__traceback__)):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
 
 
 _ORPHANED_READS = _OrphanedReads()
