@@ -12,14 +12,22 @@ from absl import logging
 _QUIETED: dict[str, str] = {}  # a package's name in its files' paths -> the warning, with %s for the error
 
 
+def os_error_raised_in(error: BaseException | None, package: str) -> bool:
+  """Whether `error`, or one it was raised while handling (or from), is an OSError raised in `package`'s code
+  (a frame of its traceback in a file whose path names the package)."""
+  while error is not None:
+    if isinstance(error, OSError) and any(package in f.filename for f in traceback.extract_tb(error.__traceback__)):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
 def _hook(previous):
   def hook(args):
-    frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
-    if issubclass(args.exc_type, OSError):
-      for package, message in _QUIETED.items():
-        if any(package in f.filename for f in frames):
-          logging.warning(message, args.exc_value)
-          return
+    for package, message in _QUIETED.items():
+      if os_error_raised_in(args.exc_value, package):
+        logging.warning(message, args.exc_value)
+        return
     previous(args)
 
   hook.glmrl_quieted = True

@@ -387,13 +387,3 @@ def analyse(text: str, devices: int) -> tuple[Traffic, Traffic]:
   collective_memo, hbm_memo = {}, {}
   return (_traffic(comps, entry, lambda name: _collective_totals(comps, name, collective_memo)),
           _traffic(comps, entry, lambda name: (_hbm_own(comps, name, hbm_memo), {})))
-
-
-def traffic(text: str, devices: int) -> Traffic:
-  """The collective traffic per chip of an optimized HLO module's text on `devices` chips."""
-  return analyse(text, devices)[0]
-
-
-def hbm(text: str, devices: int) -> Traffic:
-  """HBM bytes per chip of an optimized HLO module's text, in and outside its loops."""
-  return analyse(text, devices)[1]

@@ -20,7 +20,6 @@ import os
 import shutil
 import sys
 import time
-import traceback
 
 import jax
 import numpy as np
@@ -28,7 +27,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from glmrl.errors import UserError
-from glmrl.thread_errors import quiet_os_errors
+from glmrl.thread_errors import os_error_raised_in, quiet_os_errors
 
 AR_CONFIG_FILE = "ar_config.json"
 SOURCE_FILE = "source.json"
@@ -404,27 +403,17 @@ class _OrphanedReads:
 
     sys.unraisablehook = hook
     about_a_step = lambda r: self._names_step(r.getMessage() + str(r.exc_info[1] if r.exc_info else ""))
+    orbax_os_error = lambda r: os_error_raised_in(r.exc_info[1] if r.exc_info else None, "orbax")
     # A write that failed on a full disk is also logged by asyncio ('Future exception was never retrieved') when
     # the run stops; it names no folder, only its OSError raised in Orbax.
     std_logging.getLogger("asyncio").addFilter(
-        lambda r: not (about_a_step(r) or (self.saving and _orbax_os_error(r))))
+        lambda r: not (about_a_step(r) or (self.saving and orbax_os_error(r))))
     # Orbax logs a failed background save from each of its threads and again when it is waited for, traceback
     # and all, before the next save or close reports it once (`TrainCheckpointer._surfaced`). Some of those
     # records name no folder (a full disk while writing a step's JSON metadata): their OSError identifies them.
     logging.get_absl_logger().addFilter(
         lambda r: not ("orbax" in r.pathname and self.saving and (
-            about_a_step(r) or any(d in r.getMessage() for d in self.saving) or _orbax_os_error(r))))
-
-
-def _orbax_os_error(record) -> bool:
-  """Whether the record carries an OSError raised in Orbax's code (itself, or the one that the logged exception
-  was raised while handling)."""
-  error = record.exc_info[1] if record.exc_info else None
-  while error is not None:
-    if isinstance(error, OSError) and any("orbax" in f.filename for f in traceback.extract_tb(error.__traceback__)):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
+            about_a_step(r) or any(d in r.getMessage() for d in self.saving) or orbax_os_error(r))))
 
 
 _ORPHANED_READS = _OrphanedReads()

@@ -90,7 +90,7 @@ ENTRY %main (a: f32[1024], w: bf16[16,64], g: f32[32]) -> f32[] {
 
 
 def test_hand_written_module_bytes():
-  traffic = hlo.traffic(MODULE, devices=8)
+  traffic = hlo.analyse(MODULE, devices=8)[0]
   # Outside: the all-reduce of 4 KiB over groups of 4 ('x'): 2 x 4096 x 3/4.
   assert traffic.outside == 2 * 4096 * 3 / 4
   loop, = traffic.loops
@@ -180,7 +180,7 @@ ENTRY %main (a: f32[1024], t: (s32[], bf16[4,256,256], bf16[8,256], bf16[64,256]
 
 
 def test_hand_written_module_hbm_bytes():
-  memory = hlo.hbm(DECODE_MODULE, devices=8)
+  memory = hlo.analyse(DECODE_MODULE, devices=8)[1]
   assert memory.outside == 2 * 1024 * 4  # the copy: read and written
   loop, = memory.loops
   layer = 256 * 256 * 2 + 8 * 256 * 2  # one layer sliced out of 4 (nested fusion, bitcast); x in VMEM; h written
@@ -215,7 +215,7 @@ def test_a_compiled_decode_loop_reads_one_tokens_weights_and_cache_per_iteration
           jax.ShapeDtypeStruct((batch, width), jnp.bfloat16, sharding=spec("data")),
           jax.ShapeDtypeStruct((layers, batch, tokens, width), jnp.bfloat16, sharding=spec(None, "data")))
   compiled, text = mode_lib.compile_with_text(jax.jit(decode, donate_argnums=2).lower(*args))
-  memory = hlo.hbm(text, 8)
+  memory = hlo.analyse(text, 8)[1]
   loop = memory.main_loop()
   assert loop.trip_count == tokens
   weights, cache = layers * width * width * 2, layers * (batch // 8) * tokens * width * 2
@@ -237,7 +237,7 @@ def program_traffic(builder=programs.sampler, ar_weights="update", **mesh):
   with jax.set_mesh(run.mesh):
     program = builder(run)
   _, text = mode_lib.compile_with_text(program.lowered)
-  return hlo.traffic(text, 8), run
+  return hlo.analyse(text, 8)[0], run
 
 
 
