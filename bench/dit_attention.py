@@ -1,20 +1,14 @@
-"""The DiT's XLA attention kernel (`glmrl.models.dit.attention.attention(..., "xla")`, which is
-`jax.nn.dot_product_attention`) against a heads-major candidate and torch's `scaled_dot_product_attention` (what
-diffusers' DiT calls), forward and gradient, in one interleaved run.
+"""The DiT's XLA attention (`glmrl.models.dit.attention.xla`) against `jax.nn.dot_product_attention` and torch's
+`scaled_dot_product_attention` (what diffusers' DiT calls), forward and gradient, in one interleaved run.
 
     python -m bench.dit_attention [--batch 8 --tokens 272 --heads 4 --head_dim 32 --glyph 16 --reps 21
                                    --single_thread]
 
-The candidate (`heads_major` below) transposes q, k and v to [B, H, S, D] first, so that every matmul of its
-forward and backward is a plain batched product, and normalises the softmax on the [B, H, S, D] output. It is not
-the DiT's kernel: with it, `tests/train/test_multihost.py` found the first step's reward of two processes x 4
-devices 4.6e-6 (relative) from one process on 8 devices, against the test's 1e-6 (docs/benchmarks.md).
-
-Each side attends over the same [B, S, H, D] float32 queries, keys and values with part of the first --glyph keys
-of each sample masked (as the DiT's padded glyph tokens); the gradient is of sum(out * cotangent) with respect to
+Each side attends over the same [B, S, H, D] float32 queries, keys and values with the first --glyph keys of each
+sample partly masked (as the DiT's padded glyph tokens); the gradient is of sum(out * cotangent) with respect to
 q, k and v. The defaults are one CFG pair of `bench/decoder_update.py`'s DiT (B = 2 x 4 samples at 256 x 256: 256
-image + 16 glyph tokens, 4 heads of 32). Prints the median milliseconds, each kernel's time over the DiT's, and the
-largest difference from the DiT's kernel in value and gradient.
+image + 16 glyph tokens, 4 heads of 32). Prints the median milliseconds and each kernel's time over ours; also the
+largest difference from ours in value and gradient.
 """
 
 from __future__ import annotations
@@ -55,16 +49,6 @@ from bench.timing import interleaved_medians  # noqa: E402
 from glmrl.models.dit import attention as attention_lib  # noqa: E402
 
 
-def heads_major(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK):
-  """float32 attention with the heads ahead of the sequence, the softmax normalised on the output."""
-  swap = lambda x: jnp.swapaxes(x, 1, 2)
-  scores_BxHxSxK = jnp.einsum("bhsd,bhkd->bhsk", swap(q_BxSxHxD), swap(k_BxKxHxD)) * (q_BxSxHxD.shape[-1] ** -0.5)
-  scores_BxHxSxK = jnp.where(mask_Bx1x1xK, scores_BxHxSxK, -0.7 * jnp.finfo(jnp.float32).max)
-  e_BxHxSxK = jnp.exp(scores_BxHxSxK - jax.lax.stop_gradient(jnp.max(scores_BxHxSxK, axis=-1, keepdims=True)))
-  o_BxHxSxD = jnp.einsum("bhsk,bhkd->bhsd", e_BxHxSxK, swap(v_BxKxHxD))
-  return swap(o_BxHxSxD / jnp.sum(e_BxHxSxK, axis=-1, keepdims=True))
-
-
 def main(args):
   if args.single_thread:
     torch.set_num_threads(1)
@@ -79,8 +63,8 @@ def main(args):
     loss = lambda q, k, v: jnp.sum(fn(q, k, v) * cot)
     return jax.jit(fn), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
-  ours = jax_pair(lambda q, k, v: attention_lib.attention(q, k, v, mask, "xla", 512))
-  candidate = jax_pair(lambda q, k, v: heads_major(q, k, v, mask))
+  ours = jax_pair(lambda q, k, v: attention_lib.xla(q, k, v, mask))
+  jax_nn = jax_pair(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask))
   qj, kj, vj = (jnp.asarray(x) for x in (q, k, v))
 
   # torch: [B, H, S, D] as diffusers' attention processor calls it, the mask as a boolean [B, 1, 1, K].
@@ -102,33 +86,31 @@ def main(args):
   runs = {
       "ours: forward": lambda: block(ours[0](qj, kj, vj)),
       "ours: gradient": lambda: block(ours[1](qj, kj, vj)),
-      "heads-major candidate: forward": lambda: block(candidate[0](qj, kj, vj)),
-      "heads-major candidate: gradient": lambda: block(candidate[1](qj, kj, vj)),
+      "jax.nn.dot_product_attention: forward": lambda: block(jax_nn[0](qj, kj, vj)),
+      "jax.nn.dot_product_attention: gradient": lambda: block(jax_nn[1](qj, kj, vj)),
       "torch sdpa: forward": torch_forward,
       "torch sdpa: gradient": torch_grad,
   }
   ms = dict(zip(runs, (1e3 * t for t in interleaved_medians(list(runs.values()), args.reps, warmup=True))))
 
   out, grads = np.asarray(ours[0](qj, kj, vj)), [np.asarray(g) for g in ours[1](qj, kj, vj)]
-  diffs = {"heads-major candidate": (candidate[0](qj, kj, vj), candidate[1](qj, kj, vj))}
+  diffs = {"jax.nn.dot_product_attention": (jax_nn[0](qj, kj, vj), jax_nn[1](qj, kj, vj))}
   torch_grad()
   diffs["torch sdpa"] = (sdpa().detach().transpose(1, 2).numpy(), [x.grad.transpose(1, 2).numpy() for x in (qt, kt, vt)])
   threads = "1 thread each" if args.single_thread else f"default threads (torch {torch.get_num_threads()})"
   print(f"jax {jax.__version__}, torch {torch.__version__}; {threads}; B={b} S={s} H={h} D={d}, float32, "
         f"median of {args.reps}, interleaved")
-  print("| kernel | forward ms | gradient ms | forward / DiT's | gradient / DiT's | max diff from the DiT's, value (gradient) |")
+  print("| kernel | forward ms | gradient ms | forward / ours | gradient / ours | max diff value (gradient) |")
   print("| --- | ---: | ---: | ---: | ---: | ---: |")
-  for name in ("ours", "heads-major candidate", "torch sdpa"):
+  for name in ("ours", "jax.nn.dot_product_attention", "torch sdpa"):
     f, g = ms[f"{name}: forward"], ms[f"{name}: gradient"]
     if name == "ours":
       diff = ""
-      label = "DiT's xla (jax.nn.dot_product_attention)"
     else:
-      label = name
       value, grad = diffs[name]
       diff = (f"{np.abs(np.asarray(value) - out).max():.1e} "
               f"({max(np.abs(np.asarray(x) - y).max() for x, y in zip(grad, grads)):.1e})")
-    print(f"| {label} | {f:.2f} | {g:.2f} | {f / ms['ours: forward']:.2f} | {g / ms['ours: gradient']:.2f} | {diff} |")
+    print(f"| {name} | {f:.2f} | {g:.2f} | {f / ms['ours: forward']:.2f} | {g / ms['ours: gradient']:.2f} | {diff} |")
 
 
 if __name__ == "__main__":

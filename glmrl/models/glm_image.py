@@ -123,7 +123,7 @@ def checkpoint_configs(checkpoint_dir: str) -> GlmImageConfigs:
 def with_dtypes(configs: GlmImageConfigs, *, param_dtype, compute_dtype, remat: bool,
                 dit_attention: str | None = None, dit_cfg_batched: bool = False) -> GlmImageConfigs:
   """The trained AR model takes the run's dtypes and remat; frozen models compute in compute_dtype;
-  `dit_attention`: the DiT's `jax.nn.dot_product_attention` implementation (None: XLA's)."""
+  `dit_attention`: the DiT's attention kernel (`glmrl.models.dit.attention.IMPLS`; None: "xla")."""
   replace = dataclasses.replace
   return replace(
       configs,

@@ -2,11 +2,18 @@
 launch main.py (the sampler reading the generator in the gathered rollout layout), and match one process on 8
 devices (the update's layout).
 
-Tolerances: step 1 (the initial parameters) within 1e-6 relative. After an update the two runs' gradients
-differ by their collectives' summation order (~1e-6 relative), and AdamW's first steps move each parameter by
-about lr * sign(gradient), so a parameter with a near-zero gradient may move the other way: parameters agree
-within 2 lr per step (the optimizer's bound) and all but 0.5% within 1e-5; later steps' continuous metrics
-within 1e-4 relative, and the JPEG size reward (a discontinuous function of the pixels) within 1e-3.
+Tolerances: step 1 (the initial parameters) within 1e-6 relative, the JPEG size reward (a discontinuous function
+of the pixels) within 1e-3 at every step. After an update the two runs' gradients differ by their collectives'
+summation order (~1e-6 relative), and AdamW's first steps move each parameter by about lr * sign(gradient), so a
+parameter with a near-zero gradient may move the other way: parameters agree within 2 lr per step (the optimizer's
+bound) and all but 0.5% within 1e-5; later steps' continuous metrics within 1e-4 relative.
+
+The JPEG reward weighs 1e-4. The two launches' decoders differ by rounding (the brightness reward ~1e-7 relative),
+and one uint8 pixel rounding the other way changes an image's JPEG size by bytes; the advantages divide that by the
+group's reward spread (~0.01). At weight 0.01 a DiT attention kernel that rounds differently (same launches, same
+bounds) put step 1's mean reward 4.6e-6 and gradient norm 7.9e-6 apart, where the bound assumes values continuous in
+the pixels. At 1e-4 the JPEG reward is still part of every advantage (its spread ~0.1% of theirs, by estimate: samples
+scored by the wrong process would still move the gradient norm far past 1e-6), and one flip stays far under the bounds.
 """
 
 import json
@@ -22,8 +29,9 @@ from tests.test_main import ROOT
 
 FLAGS = ("--config=configs/demo.py", "--config.mesh.fsdp=8", "--config.grpo.group_size=4",
          "--config.train.micro_batch_size=4", "--config.checkpoint.save_interval=2", "--config.log.image_interval=2",
-         # A host-side reward: each process scores its own samples.
-         "--config.rewards=({'name': 'brightness', 'weight': 1.0}, {'name': 'jpeg_compressibility', 'weight': 0.01})")
+         # A host-side reward: each process scores its own samples. Its weight keeps the JPEG size's jumps out of
+         # the compared values (see the module docstring).
+         "--config.rewards=({'name': 'brightness', 'weight': 1.0}, {'name': 'jpeg_compressibility', 'weight': 1e-4})")
 # Not the loss: on-policy with zero-mean advantages it is 0 up to rounding (~1e-6), whose sign is noise.
 KEYS = ("reward/mean", "reward/jpeg_compressibility/mean", "grad_norm", "advantage/std", "policy/entropy")
 
@@ -75,7 +83,7 @@ def test_two_processes_train_save_and_resume_as_one_process_on_eight_devices(tmp
   assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3]  # process 0 alone logs, no duplicates
   for a, b in zip(got, want):
     for k in KEYS:
-      rtol = 1e-6 if a["step"] == 1 else (1e-3 if "jpeg" in k else 1e-4)
+      rtol = 1e-3 if "jpeg" in k else (1e-6 if a["step"] == 1 else 1e-4)
       np.testing.assert_allclose(a[k], b[k], rtol=rtol, atol=1e-6, err_msg=f"step {a['step']} {k}")
     assert a["first_iter/ratio/min"] == a["first_iter/ratio/max"] == 1.0
   assert sorted(os.listdir(multi / "samples")) == sorted(os.listdir(single / "samples"))

@@ -1,5 +1,5 @@
-"""The DiT's attention kernels: XLA's (the scores of all queries at once), cuDNN's, query-blocked, or Pallas
-splash attention (TPU).
+"""The DiT's attention kernels: XLA's (`xla`: the scores of all queries at once), cuDNN's, query-blocked, or
+Pallas splash attention (TPU).
 
 At 1024^2 one sample-layer's scores [H, S, S] (S ~ 4,350 image + glyph tokens, 32 heads) are 2.4 GB in float32,
 for each CFG branch; `query_blocked` computes them `block` queries at a time (a sequential map, each block
@@ -36,13 +36,36 @@ def attention(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, impl: str | None, b
     return query_blocked(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, block)
   if impl == "splash":
     return splash(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, block)
-  return jax.nn.dot_product_attention(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask=mask_Bx1x1xK,
-                                      implementation=None if impl == "xla" else impl)
+  if impl == "cudnn":
+    return jax.nn.dot_product_attention(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask=mask_Bx1x1xK, implementation="cudnn")
+  return xla(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK)
+
+
+def xla(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK):
+  """XLA's attention, the score matrices with heads ahead of the sequence ([B, H, S, K]): every matmul of the
+  forward and of the backward is then a plain batched matrix product. (`jax.nn.dot_product_attention` contracts
+  [B, S, H, D] operands directly, and its backward moves score matrices through transposes: on XLA:CPU its
+  gradient took 1.7x this one's, `bench/dit_attention.py`.) As there: scores and softmax in float32 (bfloat16
+  operands accumulate in float32), masked keys at a large negative score; the softmax's normalisation is applied
+  to the [B, H, S, D] output rather than the [B, H, S, K] probabilities."""
+  d = q_BxSxHxD.shape[-1]
+  heads_major = lambda x_BxSxHxD: jnp.swapaxes(x_BxSxHxD, 1, 2)
+  precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if q_BxSxHxD.dtype == jnp.bfloat16 else None
+  scores_BxHxSxK = jnp.einsum("bhsd,bhkd->bhsk", heads_major(q_BxSxHxD), heads_major(k_BxKxHxD),
+                              precision=precision, preferred_element_type=jnp.float32) * jnp.float32(d ** -0.5)
+  if mask_Bx1x1xK is not None:
+    scores_BxHxSxK = jnp.where(mask_Bx1x1xK, scores_BxHxSxK, jnp.float32(-0.7 * jnp.finfo(jnp.float32).max))
+  top_BxHxSx1 = jax.lax.stop_gradient(jnp.max(scores_BxHxSxK, axis=-1, keepdims=True))  # the softmax's shift
+  e_BxHxSxK = jnp.exp(scores_BxHxSxK - top_BxHxSx1)
+  o_BxHxSxD = jnp.einsum("bhsk,bhkd->bhsd", e_BxHxSxK.astype(v_BxKxHxD.dtype), heads_major(v_BxKxHxD),
+                         precision=precision, preferred_element_type=jnp.float32)
+  o_BxHxSxD = o_BxHxSxD / jnp.sum(e_BxHxSxK, axis=-1, keepdims=True)
+  return heads_major(o_BxHxSxD).astype(v_BxKxHxD.dtype)
 
 
 @functools.partial(jax.checkpoint, prevent_cse=False)
 def _one_block(q_BxQxHxD, k_BxKxHxD, v_BxKxHxD, mask):
-  return jax.nn.dot_product_attention(q_BxQxHxD, k_BxKxHxD, v_BxKxHxD, mask=mask)
+  return xla(q_BxQxHxD, k_BxKxHxD, v_BxKxHxD, mask)
 
 
 def query_blocked(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, block: int):

@@ -35,10 +35,9 @@ _VALID_ATTENTION_IMPLS = (None, *attention.IMPLS)
 class DiTConfig:
   """DiT hyper-parameters (HF names) plus runtime options.
 
-  `dtype`: compute dtype; `param_dtype`: parameter dtype; `attention_impl`: the
-  `implementation` of `jax.nn.dot_product_attention` (None = XLA, "cudnn" = flash
-  attention on NVIDIA GPUs in bf16/fp16) or "blocked" (`attention.query_blocked`, `attention_block`
-  queries at a time); `remat`: rematerialise each block in the
+  `dtype`: compute dtype; `param_dtype`: parameter dtype; `attention_impl`: the attention kernel
+  (`attention.IMPLS`; None = "xla", `attention.xla`; "cudnn" = flash attention on NVIDIA GPUs in bf16/fp16;
+  "blocked" = `attention.query_blocked`, `attention_block` queries at a time; "splash" on TPU); `remat`: rematerialise each block in the
   backward pass; `cfg_batched`: classifier-free guidance runs its conditional and unconditional branches as one
   forward of twice the batch (`glmrl.sampling.decode.guided_velocity`). The runtime options are not part of the
   HF config.
