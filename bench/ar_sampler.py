@@ -8,8 +8,8 @@ a short warm-up generate.
 
   python bench/ar_sampler.py [--height 256 --width 256 --batches 1,8 --prompt_len 32] [--threads 1]
 
-`--threads N` gives both sides N compute threads (XLA:CPU's intra-op pool and Eigen, torch's intra-op
-pool); the default leaves each library its own default. The output states which.
+`--threads N` gives both sides N compute threads (`bench/threads.py`: the process pinned to N CPUs, torch's
+intra-op pool N); the default leaves each library its own default. The output states which.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import glmrl  # noqa: E402,F401
+from bench import threads  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -35,16 +36,6 @@ from glmrl.models.ar.model import GlmImageAR  # noqa: E402
 from glmrl.models.ar.prompt import GenerationLayout  # noqa: E402
 from glmrl.sampling import ar_sampler  # noqa: E402
 from glmrl.sampling.logprobs import SamplingConfig  # noqa: E402
-
-
-def set_threads(n: int) -> str:
-  """N compute threads for XLA:CPU and torch (before JAX's backend starts); what each side runs with, in words."""
-  if n:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
-                               f"intra_op_parallelism_threads={n}").strip()
-    torch.set_num_threads(n)
-    return f"{n} on each side (XLA:CPU intra-op {n}, Eigen single-threaded; torch {n})"
-  return f"library defaults (XLA:CPU its own pool on {os.cpu_count()} cores; torch {torch.get_num_threads()})"
 
 
 def bench_config() -> ARConfig:
@@ -107,7 +98,7 @@ def main(argv=None):
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--threads", type=int, default=0, help="compute threads on each side; 0: library defaults")
   args = parser.parse_args(argv)
-  threads = set_threads(args.threads)
+  threads_used = threads.limit(args.threads)
   batches = [int(b) for b in args.batches.split(",")]
 
   cfg = bench_config()
@@ -121,7 +112,7 @@ def main(argv=None):
   n_params = sum(p.numel() for p in reference.parameters())
   print(f"config: {n_params / 1e6:.1f}M parameters, {n_new} new tokens per sample "
         f"(preview {layout.grids[0]}, target {layout.target_hw}, end), prompt length {args.prompt_len}")
-  print(f"devices: jax {jax.devices()[0].platform} x{jax.device_count()}; threads: {threads}")
+  print(f"devices: jax {jax.devices()[0].platform} x{jax.device_count()}; threads: {threads_used}")
 
   rows = []
   for b in batches:

@@ -38,9 +38,9 @@ def parse_args():
 
 
 ARGS = parse_args()
-if ARGS.single_thread:  # XLA reads its flags when jax is first imported
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+from bench import threads  # noqa: E402
+
+THREADS = threads.limit(1 if ARGS.single_thread else 0)  # before jax starts
 
 import glmrl  # noqa: E402,F401
 
@@ -77,8 +77,6 @@ def main():
   args = ARGS
   if args.size % 32:
     raise ValueError(f"--size={args.size} must be a multiple of 32")
-  if args.single_thread:
-    torch.set_num_threads(1)
   dit_cfg, vae_cfg = configs(args)
   torch.manual_seed(0)
   t_dit = GlmImageTransformer2DModel.from_config(dit_cfg.to_hf()).eval()
@@ -154,9 +152,8 @@ def main():
         f"VAE block_out_channels={vae_cfg.block_out_channels} ({n_vae / 1e6:.1f}M params); batch {b}, "
         f"{side}x{side} px ({(side // 16) ** 2} image tokens), {args.text_len} glyph tokens, "
         f"{args.steps} steps, guidance {GUIDANCE}")
-  print(f"machine: jax {jax.devices()[0].platform} x{jax.device_count()} "
-        f"({'1 thread' if args.single_thread else 'default threads'}), {os.cpu_count()} cpus, "
-        f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
+  print(f"machine: jax {jax.devices()[0].platform} x{jax.device_count()}, {os.cpu_count()} cpus, threads: "
+        f"{THREADS}, load average {os.getloadavg()[0]:.1f}")
   print(f"ours, first calls (compile): step {compile_s[0]:.2f} s, decode {compile_s[1]:.2f} s")
   print(f"max |ours - diffusers|: one-step latents {step_diff:.2e}, decoded uint8 images {image_diff}")
   print(f"medians of {args.reps} interleaved repeats:")

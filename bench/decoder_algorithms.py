@@ -25,6 +25,7 @@ import time
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
+from bench import threads as bench_threads  # noqa: E402
 from glmrl.logging.plot import plot_series  # noqa: E402
 
 VARIANTS = {"flow_grpo": "flow_grpo", "flow_grpo + cps, CFG-free": "cps",
@@ -43,14 +44,12 @@ def rise_t(values: list[float]) -> tuple[float, float, float]:
 
 
 def run(variant: str, threads: int | None) -> dict:
-  env = dict(os.environ)
-  if threads:
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
-                        f"intra_op_parallelism_threads={threads}").strip()
+  env, pin = bench_threads.for_child(threads or 0, dict(os.environ))
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "main.py", f"--config=configs/demo_decoder.py:{variant}",
-                          f"--workdir={workdir}"], cwd=HERE, env=env, capture_output=True, text=True)
+                          f"--workdir={workdir}"], cwd=HERE, env=env, capture_output=True, text=True,
+                         preexec_fn=pin)
     wall = time.perf_counter() - start
     if out.returncode:
       raise SystemExit(f"{variant}: exit {out.returncode}\n{out.stderr[-3000:]}")

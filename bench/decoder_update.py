@@ -56,9 +56,9 @@ def parse_args(argv=None):
 
 
 ARGS = parse_args()
-if ARGS.single_thread:  # XLA reads its flags when jax is first imported
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+from bench import threads  # noqa: E402
+
+THREADS = threads.limit(1 if ARGS.single_thread else 0)  # before jax starts
 
 import glmrl  # noqa: E402,F401
 
@@ -262,8 +262,7 @@ def report(args, cfg, sizes, ms, compile_s, torch_note):
     rows += [("torch: guided forward (CFG as one 2B batch, no grad)", tfwd, None, tfwd),
              ("torch: guided forward + log-prob + loss + backward", ms["torch_timestep"], 1, tfwd)]
   print(f"\ndevices: {jax.devices()}; {versions()}; "
-        f"{'XLA 1 thread' if args.single_thread else f'XLA default threads ({os.cpu_count()} CPUs)'}, "
-        f"torch threads {args.torch_threads}")
+        f"threads: {THREADS}; torch threads {args.torch_threads}")
   print(f"DiT {cfg.num_layers} layers, {cfg.num_attention_heads}x{cfg.attention_head_dim} heads, "
         f"{sizes['dit_params'] / 1e6:.2f}M params, LoRA rank {args.lora_rank} on DIT_TARGETS: "
         f"{sizes['lora_params']} params (torch PEFT: {sizes.get('torch_lora_params', '-')}); float32")

@@ -34,9 +34,9 @@ def parse_args():
 
 
 ARGS = parse_args()
-if ARGS.single_thread:  # XLA reads its flags when jax is first imported
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+from bench import threads  # noqa: E402
+
+THREADS = threads.limit(1 if ARGS.single_thread else 0)  # before jax starts
 
 import glmrl  # noqa: E402,F401
 
@@ -50,8 +50,6 @@ from glmrl.models.dit import attention as attention_lib  # noqa: E402
 
 
 def main(args):
-  if args.single_thread:
-    torch.set_num_threads(1)
   b, s, h, d = args.batch, args.tokens, args.heads, args.head_dim
   rng = np.random.default_rng(0)
   q, k, v, cot = (rng.standard_normal((b, s, h, d)).astype(np.float32) for _ in range(4))
@@ -97,8 +95,7 @@ def main(args):
   diffs = {"jax.nn.dot_product_attention": (jax_nn[0](qj, kj, vj), jax_nn[1](qj, kj, vj))}
   torch_grad()
   diffs["torch sdpa"] = (sdpa().detach().transpose(1, 2).numpy(), [x.grad.transpose(1, 2).numpy() for x in (qt, kt, vt)])
-  threads = "1 thread each" if args.single_thread else f"default threads (torch {torch.get_num_threads()})"
-  print(f"jax {jax.__version__}, torch {torch.__version__}; {threads}; B={b} S={s} H={h} D={d}, float32, "
+  print(f"jax {jax.__version__}, torch {torch.__version__}; threads: {THREADS}; B={b} S={s} H={h} D={d}, float32, "
         f"median of {args.reps}, interleaved")
   print("| kernel | forward ms | gradient ms | forward / ours | gradient / ours | max diff value (gradient) |")
   print("| --- | ---: | ---: | ---: | ---: | ---: |")

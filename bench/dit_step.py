@@ -39,9 +39,9 @@ def parse_args():
 
 
 ARGS = parse_args()
-if ARGS.single_thread:  # XLA reads its flags when jax is first imported
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+from bench import threads  # noqa: E402
+
+THREADS = threads.limit(1 if ARGS.single_thread else 0)  # before jax starts
 
 import glmrl  # noqa: E402,F401
 
@@ -62,8 +62,6 @@ from tests.models.dit import torch_ref  # noqa: E402
 
 
 def main():
-  if ARGS.single_thread:
-    torch.set_num_threads(1)
   args = ARGS
   cfg = DiTConfig(num_layers=args.layers, num_attention_heads=args.heads, attention_head_dim=args.head_dim,
                   text_embed_dim=256, time_embed_dim=256, condition_dim=64, prior_vq_quantizer_codebook_size=1024)
@@ -138,8 +136,7 @@ def main():
   print(f"config: {args.layers} layers, {args.heads}x{args.head_dim} heads, {n_params / 1e6:.1f}M params, "
         f"batch {args.batch}, latents {args.latent}x{args.latent} ({(args.latent // 2) ** 2} image tokens), "
         f"{args.text_len} glyph tokens, {'i2i (KV cache read/skip)' if args.i2i else 't2i'}")
-  print(f"devices: jax {jax.devices()[0].platform} x{jax.device_count()} "
-        f"({'1 thread' if args.single_thread else 'default threads'}), torch CPU threads {torch.get_num_threads()}")
+  print(f"devices: jax {jax.devices()[0].platform} x{jax.device_count()}; threads: {THREADS}")
   print(f"ours (jit, first call incl. compile): {compile_s:.3f} s")
   print(f"ours (jit):  {ours_s * 1e3:.1f} ms / step (median of {args.reps}, interleaved)")
   print(f"diffusers:   {ref_s * 1e3:.1f} ms / step (median of {args.reps}, interleaved)")

@@ -8,6 +8,7 @@ import shutil
 import jax
 
 from configs import glm_image_t2i_decoupled
+from glmrl.models.ar import text
 from glmrl.models.dit import attention
 from glmrl.train import loop
 
@@ -18,6 +19,10 @@ def test_resumes_and_the_next_step_is_bit_identical(tmp_path, monkeypatch):
   # That run's DiT attention (`xla` was jax.nn.dot_product_attention then; the heads-major kernel that replaced it
   # rounds differently): the comparison is of the checkpoint's layout, bit for bit.
   monkeypatch.setattr(attention, "xla", lambda q, k, v, mask: jax.nn.dot_product_attention(q, k, v, mask=mask))
+  # Likewise the AR sampler's cached attention: that run read a [B, T, K, D] cache through `gqa_attention`'s
+  # products (its sampled tokens are the same either way; the sampler's own log-probs round differently).
+  monkeypatch.setattr(text, "cached_gqa_attention",
+                      lambda q, k, v, mask: text.gqa_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask))
   shutil.copytree(FIXTURE, tmp_path / "checkpoints", ignore=shutil.ignore_patterns("*.md", "step5_metrics.json"))
   config = glm_image_t2i_decoupled.get_config("tiny")
   config.train.num_steps = 5

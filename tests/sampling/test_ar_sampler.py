@@ -138,3 +138,18 @@ def test_bad_input_raises(models, processor):
     SamplingConfig(top_p=1.5)
   with pytest.raises(ValueError, match="top_k=-1"):
     SamplingConfig(top_k=-1)
+
+
+def test_first_argmax_and_categorical_equal_jax():
+  """`first_argmax` is jnp.argmax (ties to the first, -inf rows, NaN first), and `categorical` draws exactly
+  what jax.random.categorical draws with each row's key."""
+  x = np.array([[1.0, 3.0, 3.0, 2.0], [-np.inf] * 4, [0.0, np.nan, 5.0, np.nan], [-np.inf, -1.0, -np.inf, -1.0]],
+               np.float32)
+  np.testing.assert_array_equal(ar_sampler.first_argmax(x), np.argmax(x, -1))
+  rng = np.random.default_rng(0)
+  logits = np.where(rng.random((64, 300)) < 0.3, rng.standard_normal((64, 300)), -np.inf).astype(np.float32)
+  keys = jax.random.split(jax.random.key(7), 64)
+  want = jax.vmap(jax.random.categorical)(keys, logits)
+  got = jax.jit(ar_sampler.categorical)(keys, logits)
+  assert got.dtype == np.int32
+  np.testing.assert_array_equal(got, want)

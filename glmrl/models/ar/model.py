@@ -74,9 +74,10 @@ class GlmImageAR(nnx.Module):
     if batch <= 0 or max_len <= 0:
       raise ValueError(f"init_cache needs positive batch and max_len, got batch={batch}, max_len={max_len}")
     t = self.cfg.text
-    shape = (t.num_hidden_layers, batch, max_len, t.num_key_value_heads, t.head_dim)
+    shape = (batch, t.num_key_value_heads, max_len, t.head_dim)
     dtype = self.cfg.dtype if dtype is None else dtype
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+    layers = range(t.num_hidden_layers)
+    return KVCache(k=tuple(jnp.zeros(shape, dtype) for _ in layers), v=tuple(jnp.zeros(shape, dtype) for _ in layers))
 
   def step(self, input_ids_BxL, positions_3xBxL, key_valid_BxT, cache: KVCache, start):
     """Cached forward of L new tokens written to slots [start, start+L); returns (h [B, L, D], cache).
