@@ -63,13 +63,8 @@ class RMSNorm(nnx.Module):
 
 @struct.dataclass
 class KVCache:
-  """Rotated keys and values, one [B, K, T, D] array per decoder layer (kv heads ahead of the slots).
-
-  Per layer and heads-major because a decode step reads every layer's whole cache: with the layers stacked in
-  one [layers, B, T, K, D] array XLA:CPU copied each layer's keys and values out, transposed, before their
-  products (14.5 against 5.2 ms per step for 8 layers at batch 8, 352 slots, one thread: the AR sampler's
-  largest cost after its matmuls).
-  """
+  """Rotated keys and values, one [B, K, T, D] array per decoder layer (kv heads ahead of the slots), so that a
+  decode step's attention products are plain matmuls batched over (B, K) (`cached_gqa_attention`)."""
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
 
@@ -120,34 +115,32 @@ def gqa_attention(q_BxLxHxD: jax.Array, k_BxTxKxD: jax.Array, v_BxTxKxD: jax.Arr
   q_BxLxKxQxD = q_BxLxHxD.reshape(b, l, k, h // k, d)
   logits_BxKxQxLxT = jnp.einsum("blkgd,btkd->bkglt", q_BxLxKxQxD, k_BxTxKxD,
                                 preferred_element_type=jnp.float32) * (d ** -0.5)
-  return _softmax_values(logits_BxKxQxLxT, mask_BxLxT, "bkglt,btkd->blkgd", v_BxTxKxD)
+  probs_BxKxQxLxT = _masked_softmax(logits_BxKxQxLxT, mask_BxLxT).astype(v_BxTxKxD.dtype)
+  out_BxLxKxQxD = jnp.einsum("bkglt,btkd->blkgd", probs_BxKxQxLxT, v_BxTxKxD)
+  return out_BxLxKxQxD.reshape(b, l, h * d)
 
 
 def cached_gqa_attention(q_BxLxHxD: jax.Array, k_BxKxTxD: jax.Array, v_BxKxTxD: jax.Array,
                          mask_BxLxT: jax.Array) -> jax.Array:
-  """`gqa_attention` over a heads-major cache: both products are plain matmuls batched over (B, K), the cache the
-  right-hand operand and not transposed (XLA:CPU's dot with the cache on the left, contracting its slots, took
-  1.5 ms per layer at batch 8 and 352 slots)."""
+  """`gqa_attention` over a heads-major cache: both products are matmuls batched over (B, K) with the cache the
+  right-hand operand as it lies. (Over a [B, T, K, D] cache XLA:CPU computed the value product with the cache on
+  the left, contracting its slots: 1.5 ms per layer and token at batch 8 and 352 slots, a quarter of a decode
+  step, `docs/benchmarks.md`.)"""
   b, l, h, d = q_BxLxHxD.shape
   k = k_BxKxTxD.shape[1]
   q_BxKxQLxD = jnp.transpose(q_BxLxHxD.reshape(b, l, k, h // k, d), (0, 2, 3, 1, 4)).reshape(b, k, -1, d)
   batch = ((0, 1), (0, 1))
   logits_BxKxQLxT = jax.lax.dot_general(q_BxKxQLxD, k_BxKxTxD, (((3,), (3,)), batch),
                                         preferred_element_type=jnp.float32) * (d ** -0.5)
-  logits_BxKxQxLxT = logits_BxKxQLxT.reshape(b, k, h // k, l, -1)
-  logits_BxKxQxLxT = jnp.where(mask_BxLxT[:, None, None], logits_BxKxQxLxT, _MASKED)
-  probs_BxKxQLxT = jax.nn.softmax(logits_BxKxQxLxT, axis=-1).astype(v_BxKxTxD.dtype).reshape(b, k, h // k * l, -1)
+  probs_BxKxQxLxT = _masked_softmax(logits_BxKxQLxT.reshape(b, k, h // k, l, -1), mask_BxLxT)
+  probs_BxKxQLxT = probs_BxKxQxLxT.astype(v_BxKxTxD.dtype).reshape(b, k, h // k * l, -1)
   out_BxKxQLxD = jax.lax.dot_general(probs_BxKxQLxT, v_BxKxTxD, (((3,), (2,)), batch))
   out_BxLxKxQxD = jnp.transpose(out_BxKxQLxD.reshape(b, k, h // k, l, d), (0, 3, 1, 2, 4))
   return out_BxLxKxQxD.reshape(b, l, h * d)
 
 
-def _softmax_values(logits_BxKxQxLxT, mask_BxLxT, values_spec: str, v):
-  b, k, g, l, _ = logits_BxKxQxLxT.shape
-  logits_BxKxQxLxT = jnp.where(mask_BxLxT[:, None, None], logits_BxKxQxLxT, _MASKED)
-  probs_BxKxQxLxT = jax.nn.softmax(logits_BxKxQxLxT, axis=-1).astype(v.dtype)
-  out_BxLxKxQxD = jnp.einsum(values_spec, probs_BxKxQxLxT, v)
-  return out_BxLxKxQxD.reshape(b, l, k * g * v.shape[-1])
+def _masked_softmax(logits_BxKxQxLxT, mask_BxLxT):
+  return jax.nn.softmax(jnp.where(mask_BxLxT[:, None, None], logits_BxKxQxLxT, _MASKED), axis=-1)
 
 
 class Attention(nnx.Module):
