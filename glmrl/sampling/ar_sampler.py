@@ -79,6 +79,14 @@ def _sample_ids(graphdef, state, input_ids_BxL, valid_BxL, positions_3xBxL, deco
   key_valid_BxT = jnp.concatenate([valid_BxL, jnp.ones((b, n - 1), bool)], axis=1)
   h_BxLxD, cache = model.step(input_ids_BxL, positions_3xBxL, key_valid_BxT, cache, 0)
   first_B, first_lp_B = _choose(head_logits(model, h_BxLxD[:, -1:])[:, 0], 0, keys_B, cfg, rule)
+  # The decode loop reads its weights from behind a barrier with the prefill's results, so whatever XLA derives
+  # from them for the loop (a TPU relayout copy of every MLP kernel, 9 GB for the released generator on one chip)
+  # is made after the prefill, not kept alive across its peak. (Only what the loop reads: a barrier keeps its
+  # operands, and the vision encoder's weights would become arguments.)
+  text, head, cache, first_B = jax.lax.optimization_barrier(
+      (nnx.state(model.text), nnx.state(model.lm_head), cache, first_B))
+  nnx.update(model.text, text)
+  nnx.update(model.lm_head, head)
 
   def decode(carry, xs):
     cache, prev_B = carry

@@ -155,10 +155,11 @@ class Attention(nnx.Module):
     self.o = linear(cfg, q_dim, t.hidden_size, (HEADS, EMBED), use_bias=False, rngs=rngs)
 
   def __call__(self, x_BxLxE, cos_BxLxA, sin_BxLxA, mask_BxLxT, cache=None):
-    """`cache`: None (attend to this call's own keys) or (k_BxKxTxD, v_BxKxTxD, start), this layer's.
+    """`cache`: None (attend to this call's own keys) or (k_BxKxTxD, v_BxKxTxD, start, prefill), this layer's.
 
     With a cache, the new keys/values go into slots [start, start+L) and queries attend over all T
-    slots; returns (out, (k_BxKxTxD, v_BxKxTxD)).
+    slots; returns (out, (k_BxKxTxD, v_BxKxTxD)). `prefill` (start is 0, statically): the slots before
+    these L are empty, so queries attend over the L new keys alone, as they lie in the cache.
     """
     b, l, _ = x_BxLxE.shape
     q_BxLxHxD = self.q(x_BxLxE).reshape(b, l, self.num_heads, self.head_dim)
@@ -169,13 +170,19 @@ class Attention(nnx.Module):
     if cache is None:
       out = gqa_attention(q_BxLxHxD, k_BxLxKxD, v_BxLxKxD, mask_BxLxT)
       return self.o(out), None
-    k_BxKxTxD, v_BxKxTxD, start = cache
+    k_BxKxTxD, v_BxKxTxD, start, prefill = cache
     heads_major = lambda x_BxLxKxD, dtype: jnp.swapaxes(x_BxLxKxD, 1, 2).astype(dtype)
     at = (0, 0, start, 0)
     k_BxKxTxD = jax.lax.dynamic_update_slice(k_BxKxTxD, heads_major(k_BxLxKxD, k_BxKxTxD.dtype), at)
     v_BxKxTxD = jax.lax.dynamic_update_slice(v_BxKxTxD, heads_major(v_BxLxKxD, v_BxKxTxD.dtype), at)
-    out = cached_gqa_attention(q_BxLxHxD, k_BxKxTxD.astype(q_BxLxHxD.dtype), v_BxKxTxD.astype(q_BxLxHxD.dtype),
-                               mask_BxLxT)
+    if prefill:
+      # Scores over L keys, not the cache's T slots: for the released t2i batch on one chip those were 6 GiB,
+      # the sampler program's peak.
+      as_cached = lambda x_BxLxKxD: x_BxLxKxD.astype(k_BxKxTxD.dtype).astype(q_BxLxHxD.dtype)
+      out = gqa_attention(q_BxLxHxD, as_cached(k_BxLxKxD), as_cached(v_BxLxKxD), mask_BxLxT[:, :, :l])
+    else:
+      out = cached_gqa_attention(q_BxLxHxD, k_BxKxTxD.astype(q_BxLxHxD.dtype), v_BxKxTxD.astype(q_BxLxHxD.dtype),
+                                 mask_BxLxT)
     return self.o(out), (k_BxKxTxD, v_BxKxTxD)
 
 
@@ -240,9 +247,11 @@ class TextDecoder(nnx.Module):
     return self.norm(x_BxLxE)
 
   def step(self, x_BxLxE, positions_3xBxL, key_valid_BxT, cache: KVCache, start):
-    """Forward of L new tokens at cache slots [start, start+L); returns (normed h, new cache)."""
+    """Forward of L new tokens at cache slots [start, start+L); returns (normed h, new cache). A Python 0 as
+    `start` is the prefill of an empty cache (see `Attention`)."""
     l = x_BxLxE.shape[1]
     t_len = cache.max_len
+    prefill = isinstance(start, int) and start == 0
     start = jnp.asarray(start, jnp.int32)
     cos, sin = mrope_cos_sin(self.cfg, positions_3xBxL)
     slot_L = start + jnp.arange(l, dtype=jnp.int32)
@@ -251,7 +260,7 @@ class TextDecoder(nnx.Module):
     ks, vs = [], []
     for layer, k_BxKxTxD, v_BxKxTxD in zip(self.layers, cache.k, cache.v):
       x_BxLxE, (k_BxKxTxD, v_BxKxTxD) = layer(constrain_batch(x_BxLxE), cos, sin, mask_BxLxT,
-                                              (k_BxKxTxD, v_BxKxTxD, start))
+                                              (k_BxKxTxD, v_BxKxTxD, start, prefill))
       ks.append(k_BxKxTxD)
       vs.append(v_BxKxTxD)
     return self.norm(x_BxLxE), KVCache(k=tuple(ks), v=tuple(vs))

@@ -153,16 +153,22 @@ def test_kv_cache_matches_uncached_forward(models):
     return model.step(*args)
 
   step = nnx.jit(step_fn)
-  cache = ours.init_cache(2, slots)
-  h, cache = step(ours, ids, pos.numpy(), key_valid, cache, jnp.int32(0))
-  got = [np.asarray(h)]
-  for j in range(n_new):
-    s = prompt_len + j
-    h, cache = step(ours, all_ids[:, s:s + 1], all_pos[:, :, s:s + 1], key_valid, cache, jnp.int32(s))
-    got.append(np.asarray(h))
-  got = np.concatenate(got, 1)
+
+  def decode(prefill):
+    h, cache = prefill(ours, ids, pos.numpy(), key_valid, ours.init_cache(2, slots))
+    got = [np.asarray(h)]
+    for j in range(n_new):
+      s = prompt_len + j
+      h, cache = step(ours, all_ids[:, s:s + 1], all_pos[:, :, s:s + 1], key_valid, cache, jnp.int32(s))
+      got.append(np.asarray(h))
+    return np.concatenate(got, 1)
+
+  got = decode(lambda *args: step(*args, jnp.int32(0)))
   np.testing.assert_allclose(got[all_valid], want[all_valid], rtol=0, atol=ATOL_CACHE)
   assert len(traces) == 2  # prefill + one decode shape: `start` is traced, not static
+  # The sampler's prefill, a Python 0 as `start`: queries attend over the prompt's own keys, not the cache's slots.
+  got = decode(nnx.jit(lambda model, *args: model.step(*args, 0)))
+  np.testing.assert_allclose(got[all_valid], want[all_valid], rtol=0, atol=ATOL_CACHE)
 
 
 def test_remat_and_bf16_variants(models):
