@@ -8,13 +8,15 @@ chunk) and compiles, for each kernel:
 1. the run's decoder program (`programs.decoder`: denoise loop + VAE decode + uint8 images);
 2. the same with the VAE decode replaced by a nearest-neighbour upsample of three latent channels (the DiT's
    loop and the rest of the program, without the VAE);
-and once, the VAE decode alone on the chunk's latents with the same shardings. Prints XLA's
+and once, the VAE decode alone on the chunk's latents with the same shardings, as the program runs it (each
+device's own samples, `sharding.per_device_samples`) and as one GSPMD program (how it ran before). Prints XLA's
 `memory_analysis()` temporaries per chip of each.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
@@ -26,12 +28,12 @@ import glmrl  # noqa: E402,F401
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
 
 from glmrl import sharding as sharding_lib  # noqa: E402
 from glmrl.aot import programs as programs_lib  # noqa: E402
 from glmrl.aot import topology as topology_lib  # noqa: E402
 from glmrl.models.vae import model as vae_model  # noqa: E402
+from glmrl.sampling import decode as decode_lib  # noqa: E402
 from glmrl.sampling import pipeline  # noqa: E402
 
 GIB = 2 ** 30
@@ -65,18 +67,20 @@ def decoder_without_vae(run) -> float:
     vae_model.AutoencoderKL.decode_normalized = original
 
 
-def vae_alone(run) -> float:
+def vae_alone(run, per_device: bool) -> float:
   vae_def, vae_state = run.models["vae"]
   cfg = run.config
   chunk = pipeline.decode_chunk(cfg.sampling.decode_batch, run.images, run.request.images_per_prompt,
                                 sharding_lib.batch_devices(run.mesh))
   c, h, w = run.latent_shape
-  latents = programs_lib.batch_array(run.mesh, (chunk, h, w, c), jnp.float32)
+  latents = programs_lib.batch_array(run.mesh, (chunk, c, h, w), jnp.float32)
+  one_program = functools.partial(decode_lib.decode_images, vae_def)
 
   @jax.jit
-  def decode(state, z_BxhxwxC):
-    vae = nnx.merge(vae_def, state)
-    return vae.decode_normalized(z_BxhxwxC.astype(vae.cfg.dtype))
+  def decode(state, z_BxCxhxw):
+    if per_device:  # as the decoder program runs it
+      return sharding_lib.per_device_samples(one_program, state, z_BxCxhxw)
+    return one_program(state, z_BxCxhxw)
 
   with jax.set_mesh(run.mesh):
     return temporaries(decode.lower(vae_state, latents))
@@ -94,8 +98,10 @@ def main():
     for name, fn in (("decoder program", decoder), ("decoder program without the VAE decode", decoder_without_vae)):
       start = time.perf_counter()
       rows.append((name, attention, fn(run), time.perf_counter() - start))
-  start = time.perf_counter()
-  rows.append(("VAE decode alone", "-", vae_alone(run), time.perf_counter() - start))
+  for name, per_device in (("VAE decode alone, each device's samples (the program's)", True),
+                           ("VAE decode alone, one GSPMD program", False)):
+    start = time.perf_counter()
+    rows.append((name, "-", vae_alone(run, per_device), time.perf_counter() - start))
   print(f"{args.config} on {args.topology}, temporaries per chip (XLA's memory_analysis, libtpu compile)")
   print("| program | DiT attention | temporaries GiB | compile s |\n| --- | --- | ---: | ---: |")
   for name, attention, gib, seconds in rows:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax import struct
 
+from glmrl import sharding as sharding_lib
 from glmrl.grpo import flow
 from glmrl.grpo._checks import is_static
 from glmrl.models.dit import kv_cache as kvc
@@ -79,13 +80,18 @@ def denoise_and_decode(dit_def, dit_state, vae_def, vae_state, cond: Conditionin
   the window starting at step `window_start`). `dit_state`: a state or a tuple of states. `guidance_scale` is
   static: 1.0 runs the conditional branch alone (`guided_velocity`)."""
   dit = merge_dit(dit_def, dit_state)
-  vae = nnx.merge(vae_def, vae_state)
   out = denoise(dit, cond, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
                 target_size_Bx2, crop_Bx2, source_cache, sde=sde, noise_keys_B=noise_keys_B,
                 window_start=window_start)
   latents = out[0] if sde is not None else out
-  images = to_uint8(vae.decode_normalized(jnp.transpose(latents, (0, 2, 3, 1)).astype(vae.cfg.dtype)))
+  images = sharding_lib.per_device_samples(functools.partial(decode_images, vae_def), vae_state, latents)
   return (images, latents, out[1]) if sde is not None else (images, latents)
+
+
+def decode_images(vae_def, vae_state, latents_BxCxhxw):
+  """DiT latents -> uint8 images [B, H, W, 3] (the VAE's dtype); the decoder program runs it per device's samples."""
+  vae = nnx.merge(vae_def, vae_state)
+  return to_uint8(vae.decode_normalized(jnp.transpose(latents_BxCxhxw, (0, 2, 3, 1)).astype(vae.cfg.dtype)))
 
 
 def guided_velocity(dit, cond: Conditioning, x_BxCxhxw, t, guidance_scale, target_size_Bx2, crop_Bx2,
