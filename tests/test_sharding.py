@@ -27,11 +27,12 @@ def test_logical_to_spec_replicates_what_does_not_divide():
   assert tuple(sharding.logical_to_spec(None, (4, 4), mesh)) == (None, None)
 
 
-def test_per_device_samples_runs_each_devices_rows_and_decodes_as_one_program():
+def test_per_device_samples_splits_rows_over_batch_devices_and_keeps_the_vae_exact():
   """On 8 host devices (data 2 x fsdp 2 x tensor 2), inside jit: `fn` sees each batch device's rows (8 rows over
-  4 batch devices: 2 each; tensor pairs share theirs) with the replicated argument whole, and the VAE decode of the
-  decoder program (`decode.decode_images`) through it equals the decode without a mesh (float32, 1e-5; uint8 within one level). Rows
-  the batch devices do not divide run as one program."""
+  4 batch devices: 2 each; tensor pairs share theirs) with the replicated argument whole; rows the batch devices do
+  not divide run as one program. The VAE through it equals the VAE without a mesh (float32, 1e-5): the decoder
+  program's decode (`decode.decode_images`, uint8 within one level) and the image-to-image encode
+  (`decode.encode_latents`)."""
   import subprocess
   import sys
 
@@ -59,11 +60,16 @@ with jax.set_mesh(sharding.make_mesh(2, 2, 2)):
       jnp.transpose(z, (0, 2, 3, 1))), s, z))(vae_state, latents)
   images = jax.jit(lambda s, z: sharding.per_device_samples(functools.partial(decode.decode_images, vae_def), s, z))(
       vae_state, latents)
+  pixels = jnp.tanh(want)  # 8 images in [-1, 1]
+  encoded = jax.jit(lambda s, x: sharding.per_device_samples(functools.partial(decode.encode_latents, vae_def), s, x))(
+      vae_state, pixels)
 print(float(jnp.max(jnp.abs(got - want))), int(jnp.max(jnp.abs(images.astype(int) - decode.to_uint8(want).astype(int)))))
+print(float(jnp.max(jnp.abs(encoded - jax.jit(functools.partial(decode.encode_latents, vae_def))(vae_state, pixels)))))
 """
   out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  first, last = out.stdout.strip().splitlines()[-2:]
+  first, last, encoded_gap = out.stdout.strip().splitlines()[-3:]
   assert first.split() == ["2.0", "6.0"]
   gap, uint8_gap = last.split()
   assert float(gap) < 1e-5 and int(uint8_gap) <= 1  # a value 1e-6 from a rounding boundary may take either level
+  assert float(encoded_gap) < 1e-5

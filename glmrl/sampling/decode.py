@@ -197,6 +197,13 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_
   return x, record
 
 
+def encode_latents(vae_def, vae_state, pixels_Bxhxwx3):
+  """Pixels in [-1, 1] -> normalised latents [B, C, h, w] (the posterior's mode); 2.77 GiB of temporaries per v5p
+  chip for one 1024^2 image as one GSPMD program, 0.91 per device's own samples (libtpu compile)."""
+  vae = nnx.merge(vae_def, vae_state)
+  return jnp.transpose(vae.encode_normalized(pixels_Bxhxwx3.astype(vae.cfg.dtype)), (0, 3, 1, 2))
+
+
 @functools.partial(jax.jit, static_argnames=("dit_def", "vae_def"))
 def write_source_cache(dit_def, dit_state, vae_def, vae_state, images_PxGxhxwx3, prior_ids_PxGxX) -> kvc.DiTKVCache:
   """Image-to-image: the DiT KV cache of P prompts' n condition images each, one slot per prompt.
@@ -208,12 +215,11 @@ def write_source_cache(dit_def, dit_state, vae_def, vae_state, images_PxGxhxwx3,
   size and a zero crop; a prompt's images follow each other in its slot.
   """
   dit = merge_dit(dit_def, dit_state)
-  vae = nnx.merge(vae_def, vae_state)
   p, n, h, w, c = images_PxGxhxwx3.shape
   rows = p * n
   # The reference's operation order: uint8 / 255 in float32, then 2x - 1.
   pixels = (images_PxGxhxwx3.reshape(rows, h, w, c).astype(jnp.float32) / 255.0) * 2.0 - 1.0
-  latent_BxCxhxw = jnp.transpose(vae.encode_normalized(pixels.astype(vae.cfg.dtype)), (0, 3, 1, 2))
+  latent_BxCxhxw = sharding_lib.per_device_samples(functools.partial(encode_latents, vae_def), vae_state, pixels)
   # Every image is its own row of one write pass (rows do not interact): row i*n + j holds image j
   # of prompt i, so a prompt's slot is its n rows laid end to end.
   _, cache = dit(latent_BxCxhxw, prior_ids_PxGxX.reshape(rows, -1),
