@@ -136,11 +136,9 @@ def constrain_batch(x: jax.Array, batch_axis: int = 0) -> jax.Array:
   or holding every sample's 1024^2 decoder activations on each chip).
   """
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
+  if mesh.empty or mesh.manual_axes:  # inside `per_device_samples`: each shard is already one device's samples
     return x
-  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names and a not in mesh.manual_axes)
-  if not axes:  # inside a shard_map over the batch axes: each shard is already one device's samples
-    return x
+  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
   spec = [None] * x.ndim
   spec[batch_axis] = axes
   return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
