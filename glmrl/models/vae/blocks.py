@@ -1,4 +1,8 @@
-"""Building blocks of the AutoencoderKL encoder/decoder (NHWC activations, HWIO kernels)."""
+"""Building blocks of the AutoencoderKL encoder/decoder (NHWC activations, HWIO kernels).
+
+The decoder's blocks are built `banded` (`bands`): their 3x3 convs pad columns only, and they run a band of
+rows at a time; the encoder's run whole.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from glmrl.models.vae import bands
 from glmrl.models.vae.config import VAEConfig
 from glmrl.sharding import CONV_IN, CONV_OUT
 
@@ -13,10 +18,11 @@ from glmrl.sharding import CONV_IN, CONV_OUT
 _EPS = 1e-6
 
 
-def conv(cfg: VAEConfig, cin: int, cout: int, k: int, *, stride: int = 1, padding=None,
+def conv(cfg: VAEConfig, cin: int, cout: int, k: int, *, stride: int = 1, padding=None, banded: bool = False,
          rngs: nnx.Rngs) -> nnx.Conv:
+  """`banded`: no row padding (`bands.conv_bands` feeds it halo rows, zero outside the image)."""
   if padding is None:
-    padding = ((k // 2, k // 2),) * 2
+    padding = ((0 if banded else k // 2,) * 2, (k // 2, k // 2))
   return nnx.Conv(cin, cout, (k, k), strides=stride, padding=padding, dtype=cfg.dtype,
                   param_dtype=cfg.param_dtype, rngs=rngs,
                   kernel_metadata={"out_sharding": (None, None, CONV_IN, CONV_OUT)},
@@ -33,20 +39,50 @@ def group_norm(cfg: VAEConfig, channels: int, *, rngs: nnx.Rngs) -> nnx.GroupNor
 
 
 class ResnetBlock(nnx.Module):
-  """GroupNorm-SiLU-Conv twice with a residual (1x1 conv when the width changes)."""
+  """GroupNorm-SiLU-Conv twice with a residual (1x1 conv when the width changes).
 
-  def __init__(self, cfg: VAEConfig, cin: int, cout: int, *, rngs: nnx.Rngs):
+  `banded`: takes its input as `bands.Rows` (or an array) and runs by bands, in two passes (each after its
+  GroupNorm's statistics): conv1 with the shortcut, then conv2 added to the shortcut in place."""
+
+  def __init__(self, cfg: VAEConfig, cin: int, cout: int, *, banded: bool = False, rngs: nnx.Rngs):
+    self.cfg, self.banded = cfg, banded
     self.norm1 = group_norm(cfg, cin, rngs=rngs)
-    self.conv1 = conv(cfg, cin, cout, 3, rngs=rngs)
+    self.conv1 = conv(cfg, cin, cout, 3, banded=banded, rngs=rngs)
     self.norm2 = group_norm(cfg, cout, rngs=rngs)
-    self.conv2 = conv(cfg, cout, cout, 3, rngs=rngs)
+    self.conv2 = conv(cfg, cout, cout, 3, banded=banded, rngs=rngs)
     self.conv_shortcut = conv(cfg, cin, cout, 1, rngs=rngs) if cin != cout else None
 
   def __call__(self, x_BxhxwxC):
+    if self.banded:
+      return self._by_bands(x_BxhxwxC if isinstance(x_BxhxwxC, bands.Rows) else bands.of_array(x_BxhxwxC))
     h = self.conv1(jax.nn.silu(self.norm1(x_BxhxwxC)))
     h = self.conv2(jax.nn.silu(self.norm2(h)))
     skip = x_BxhxwxC if self.conv_shortcut is None else self.conv_shortcut(x_BxhxwxC)
     return skip + h
+
+  def _by_bands(self, rows: bands.Rows):
+    max_rows, groups = self.cfg.band_rows, self.cfg.norm_num_groups
+    b, height, w, _ = rows.shape
+    n = bands.band_rows(height, max_rows)
+    stats1 = bands.group_stats(rows, groups, max_rows)
+
+    def first(start, _):
+      x_BxNxWxC, valid_N = rows.fetch(start - 1, n + 2)
+      h = self.conv1(bands.norm_silu(self.norm1, stats1, x_BxNxWxC, valid_N))
+      core = x_BxNxWxC[:, 1:-1]
+      return h, core if self.conv_shortcut is None else self.conv_shortcut(core)
+
+    dtype = self.conv1.dtype or rows.dtype
+    empty = bands.zeros(rows, (b, height, w, self.conv1.out_features), dtype)
+    h, skip = bands.map_bands(height, n, first, (empty, empty))
+    h_rows = bands.of_array(h)
+    stats2 = bands.group_stats(h_rows, groups, max_rows)
+
+    def second(start, buffers):
+      h_BxNxWxC = self.conv2(bands.norm_silu(self.norm2, stats2, *h_rows.fetch(start - 1, n + 2)))
+      return (jax.lax.dynamic_slice_in_dim(buffers[0], start, n, axis=1) + h_BxNxWxC,)
+
+    return bands.map_bands(height, n, second, (skip,))[0]
 
 
 class Downsample(nnx.Module):
@@ -59,15 +95,37 @@ class Downsample(nnx.Module):
     return self.conv(x_BxhxwxC)
 
 
-class Upsample(nnx.Module):
-  """Nearest-neighbour 2x upsampling followed by a 3x3 conv."""
+def _upsample(x_BxhxwxC):
+  return jnp.repeat(jnp.repeat(x_BxhxwxC, 2, axis=1), 2, axis=2)
 
-  def __init__(self, cfg: VAEConfig, channels: int, *, rngs: nnx.Rngs):
-    self.conv = conv(cfg, channels, channels, 3, rngs=rngs)
+
+class Upsample(nnx.Module):
+  """Nearest-neighbour 2x upsampling followed by a 3x3 conv.
+
+  Banded (the decoder's): returns `bands.Rows` that compute each band from the input's rows when read, so
+  the upsampled activation and the conv's output never exist whole."""
+
+  def __init__(self, cfg: VAEConfig, channels: int, *, banded: bool = False, rngs: nnx.Rngs):
+    self.banded = banded
+    self.conv = conv(cfg, channels, channels, 3, banded=banded, rngs=rngs)
 
   def __call__(self, x_BxhxwxC):
-    x = jnp.repeat(jnp.repeat(x_BxhxwxC, 2, axis=1), 2, axis=2)
-    return self.conv(x)
+    if not self.banded:
+      return self.conv(_upsample(x_BxhxwxC))
+    low = bands.of_array(x_BxhxwxC)
+    b, h, w, c = x_BxhxwxC.shape
+
+    def fetch(start, n: int):
+      # Output rows start .. start + n - 1 read upsampled rows start - 1 .. start + n, which repeat input rows
+      # floor((start - 1) / 2) on; n // 2 + 2 of them cover that window whichever parity start has.
+      first = jnp.floor_divide(start - 1, 2)
+      x_BxMxwxC, valid_M = low.fetch(first, n // 2 + 2)
+      up_Bx2Mx2wxC = jnp.where(jnp.repeat(valid_M, 2)[None, :, None, None], _upsample(x_BxMxwxC), 0)
+      window = jax.lax.dynamic_slice_in_dim(up_Bx2Mx2wxC, start - 1 - 2 * first, n + 2, axis=1)
+      return self.conv(window), bands.inside(start, n, 2 * h)
+
+    return bands.Rows((b, 2 * h, 2 * w, self.conv.out_features), self.conv.dtype or x_BxhxwxC.dtype, fetch, None,
+                      x_BxhxwxC)
 
 
 class SpatialAttention(nnx.Module):
@@ -97,10 +155,10 @@ class SpatialAttention(nnx.Module):
 
 
 class MidBlock(nnx.Module):
-  """ResnetBlock, [SpatialAttention], ResnetBlock at the bottleneck width."""
+  """ResnetBlock, [SpatialAttention], ResnetBlock at the bottleneck width (`banded`: the resnets')."""
 
-  def __init__(self, cfg: VAEConfig, channels: int, *, rngs: nnx.Rngs):
-    self.resnets = nnx.List([ResnetBlock(cfg, channels, channels, rngs=rngs) for _ in range(2)])
+  def __init__(self, cfg: VAEConfig, channels: int, *, banded: bool = False, rngs: nnx.Rngs):
+    self.resnets = nnx.List([ResnetBlock(cfg, channels, channels, banded=banded, rngs=rngs) for _ in range(2)])
     self.attention = SpatialAttention(cfg, channels, rngs=rngs) if cfg.mid_block_add_attention else None
 
   def __call__(self, x_BxhxwxC):
@@ -123,13 +181,15 @@ class DownBlock(nnx.Module):
 
 
 class UpBlock(nnx.Module):
+  """The decoder's: banded resnets, then the upsample's `bands.Rows` (or the last resnet's output)."""
+
   def __init__(self, cfg: VAEConfig, cin: int, cout: int, *, upsample: bool, rngs: nnx.Rngs):
     # The decoder has one more resnet per level than the encoder.
-    self.resnets = nnx.List([ResnetBlock(cfg, cin if j == 0 else cout, cout, rngs=rngs)
+    self.resnets = nnx.List([ResnetBlock(cfg, cin if j == 0 else cout, cout, banded=True, rngs=rngs)
                              for j in range(cfg.layers_per_block + 1)])
-    self.upsample = Upsample(cfg, cout, rngs=rngs) if upsample else None
+    self.upsample = Upsample(cfg, cout, banded=True, rngs=rngs) if upsample else None
 
-  def __call__(self, x_BxhxwxC):
+  def __call__(self, x: bands.Rows | jax.Array) -> bands.Rows:
     for resnet in self.resnets:
-      x_BxhxwxC = resnet(x_BxhxwxC)
-    return x_BxhxwxC if self.upsample is None else self.upsample(x_BxhxwxC)
+      x = resnet(x)
+    return bands.of_array(x) if self.upsample is None else self.upsample(x)

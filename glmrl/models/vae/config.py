@@ -44,6 +44,9 @@ class VAEConfig:
   sample_size: int = 1024
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  # Not a diffusers field: the decoder computes at most this many rows at a time (`bands`); the result does
+  # not depend on it beyond rounding.
+  band_rows: int = 64
 
   def __post_init__(self):
     object.__setattr__(self, "block_out_channels", tuple(int(c) for c in self.block_out_channels))
@@ -59,6 +62,8 @@ class VAEConfig:
     for c in self.block_out_channels:
       if c % self.norm_num_groups:
         raise ValueError(f"block_out_channels entry {c} is not divisible by norm_num_groups={self.norm_num_groups}")
+    if self.band_rows < 1:
+      raise ValueError(f"band_rows={self.band_rows} must be >= 1")
     if self.layers_per_block < 1:
       raise ValueError(f"layers_per_block={self.layers_per_block} must be >= 1")
 

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from glmrl.models.vae import bands
 from glmrl.models.vae.blocks import DownBlock, MidBlock, UpBlock, conv, group_norm
 from glmrl.models.vae.config import VAEConfig
 from glmrl.sharding import constrain_batch
@@ -61,21 +62,28 @@ class Encoder(nnx.Module):
 
 
 class Decoder(nnx.Module):
+  """Runs by bands of rows (`bands`: at most `cfg.band_rows` at a time), GroupNorm statistics exact."""
+
   def __init__(self, cfg: VAEConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
     chans = tuple(reversed(cfg.block_out_channels))
-    self.conv_in = conv(cfg, cfg.latent_channels, chans[0], 3, rngs=rngs)
-    self.mid_block = MidBlock(cfg, chans[0], rngs=rngs)
+    self.conv_in = conv(cfg, cfg.latent_channels, chans[0], 3, banded=True, rngs=rngs)
+    self.mid_block = MidBlock(cfg, chans[0], banded=True, rngs=rngs)
     self.up_blocks = nnx.List([
         UpBlock(cfg, chans[max(i - 1, 0)], chans[i], upsample=i < len(chans) - 1, rngs=rngs)
         for i in range(len(chans))])
     self.conv_norm_out = group_norm(cfg, chans[-1], rngs=rngs)
-    self.conv_out = conv(cfg, chans[-1], cfg.out_channels, 3, rngs=rngs)
+    self.conv_out = conv(cfg, chans[-1], cfg.out_channels, 3, banded=True, rngs=rngs)
 
   def __call__(self, z_BxhxwxC):
-    x = self.mid_block(self.conv_in(constrain_batch(z_BxhxwxC)))
+    max_rows = self.cfg.band_rows
+    x = bands.conv_bands(self.conv_in, bands.of_array(constrain_batch(z_BxhxwxC)), max_rows)
+    rows = bands.of_array(constrain_batch(self.mid_block(x)))
     for block in self.up_blocks:
-      x = block(constrain_batch(x))
-    return self.conv_out(jax.nn.silu(self.conv_norm_out(constrain_batch(x))))
+      rows = block(rows)
+    stats = bands.group_stats(rows, self.cfg.norm_num_groups, max_rows)
+    return bands.conv_bands(self.conv_out, rows, max_rows,
+                            lambda x, valid: bands.norm_silu(self.conv_norm_out, stats, x, valid))
 
 
 def _check(x, name: str, channels: int):
