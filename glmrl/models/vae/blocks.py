@@ -103,10 +103,12 @@ class Upsample(nnx.Module):
   """Nearest-neighbour 2x upsampling followed by a 3x3 conv.
 
   Banded (the decoder's): returns `bands.Rows` that compute each band from the input's rows when read, so
-  the upsampled activation and the conv's output never exist whole."""
+  the upsampled activation and the conv's output never exist whole (each read recomputes its rows: the
+  following GroupNorm's statistics and its conv read them twice). When one band is the whole output, it is
+  computed once and kept."""
 
   def __init__(self, cfg: VAEConfig, channels: int, *, banded: bool = False, rngs: nnx.Rngs):
-    self.banded = banded
+    self.cfg, self.banded = cfg, banded
     self.conv = conv(cfg, channels, channels, 3, banded=banded, rngs=rngs)
 
   def __call__(self, x_BxhxwxC):
@@ -124,6 +126,8 @@ class Upsample(nnx.Module):
       window = jax.lax.dynamic_slice_in_dim(up_Bx2Mx2wxC, start - 1 - 2 * first, n + 2, axis=1)
       return self.conv(window), bands.inside(start, n, 2 * h)
 
+    if bands.band_rows(2 * h, self.cfg.band_rows) == 2 * h:
+      return bands.of_array(fetch(0, 2 * h)[0])
     return bands.Rows((b, 2 * h, 2 * w, self.conv.out_features), self.conv.dtype or x_BxhxwxC.dtype, fetch, None,
                       x_BxhxwxC)
 
