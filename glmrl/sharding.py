@@ -9,6 +9,7 @@ names onto the mesh axes `data`, `fsdp`, `tensor`; a name without a rule (or
 import contextlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
@@ -146,19 +147,25 @@ def constrain_batch(x: jax.Array, batch_axis: int = 0) -> jax.Array:
 
 def per_device_samples(fn, replicated, batched_B):
   """`fn(replicated, batched_B)` run on each device's own rows of `batched_B` (leading axis over data x fsdp),
-  `replicated` gathered whole onto every device, inside a `jax.set_mesh` context whose batch devices divide the
-  rows (else `fn` on the whole batch). For per-sample work XLA's sharding propagation spreads over chips: the
-  VAE decode of one 1024^2 sample per chip needs 5.56 GiB of temporaries per v5p chip as one GSPMD program
-  with its weights FSDP-split, 3.04 GiB as each chip's own (bench/decoder_memory_tpu.py). A tensor axis's
-  devices each run their group's rows whole."""
+  `replicated` gathered whole onto every device, inside a `jax.set_mesh` context (else, or inside another
+  `shard_map`, `fn` on the whole batch). Rows the batch devices do not divide are padded with zeros to a multiple
+  of them and the padding's results dropped: a device's share is then at most one row more, its memory that of
+  its own rows. For per-sample work XLA's sharding propagation spreads over chips: the VAE decode of one 1024^2
+  sample per chip needs 5.56 GiB of temporaries per v5p chip as one GSPMD program with its weights FSDP-split
+  (10.76 by bands of rows), 0.98 GiB as each chip's own (bench/decoder_memory_tpu.py). A tensor axis's devices
+  each run their group's rows whole."""
   mesh = jax.sharding.get_abstract_mesh()
   axes = () if mesh.empty or mesh.manual_axes else tuple(a for a in BATCH_AXES if a in mesh.axis_names)
-  rows = jax.tree.leaves(batched_B)[0].shape[0]
-  if not axes or rows % int(np.prod([mesh.shape[a] for a in axes])):
+  if not axes:
     return fn(replicated, batched_B)
+  rows = jax.tree.leaves(batched_B)[0].shape[0]
+  pad = -rows % int(np.prod([mesh.shape[a] for a in axes]))
+  if pad:
+    batched_B = jax.tree.map(lambda x: jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)), batched_B)
   # Every mesh axis manual: with the tensor axis left to XLA (even of size 1) the VAE decode took 7.08 GiB.
-  return jax.shard_map(fn, in_specs=(PartitionSpec(), PartitionSpec(axes)), out_specs=PartitionSpec(axes))(
+  out_B = jax.shard_map(fn, in_specs=(PartitionSpec(), PartitionSpec(axes)), out_specs=PartitionSpec(axes))(
       replicated, batched_B)
+  return jax.tree.map(lambda y: y[:rows], out_B) if pad else out_B
 
 
 def use_mesh(mesh):

@@ -8,7 +8,9 @@ diffusers' NCHW -> ours: `x.transpose(0, 2, 3, 1)`; ours -> NCHW: `x.transpose(0
 `decode` returns the raw decoder output (about [-1, 1], unclamped); the pipeline's postprocessing
 maps it to pixels with `(x / 2 + 0.5).clip(0, 1)`.
 The latent normalisation helpers take a `channel_axis` so they also apply to NCHW DiT latents.
-Tiled encoding/decoding (off by default in diffusers and unused by the pipeline) is not implemented.
+The decoder runs by bands of rows (`bands`; `VAEConfig.band_rows`) with GroupNorm over whole images: the same
+images as diffusers' decode up to rounding. diffusers' tiled encoding/decoding (normalisation per tile, blended
+seams; off by default and unused by the pipeline) is not implemented.
 """
 
 from __future__ import annotations
