@@ -55,15 +55,13 @@ def compile_report(config) -> dict:
       entries[name] = {"error": program}
       continue
     try:
-      compiled, hlo_text = compile_with_text(program.lowered)
+      entries[name] = program_report(program, resident, flops.get(name), slice_)
     except Exception as e:  # pylint: disable=broad-except  # XLA reports an over-full HBM as a compile error
       message = str(e).splitlines()[0] if str(e) else type(e).__name__
       entries[name] = {"error": message[:500], "fits": False}
       fits = False
       logging.warning("%s does not compile for %s: %s", name, slice_.name, message)
       continue
-    entries[name] = report_lib.program_entry(program, compiled, hlo_text, resident, flops.get(name), slice_.chip,
-                                             slice_.chips)
     logging.info("compiled %s for %s in %.0f s: peak %.1f GiB per chip", name, slice_.name,
                  time.perf_counter() - t0, entries[name]["peak_bytes_per_chip"] / 2**30)
   peak = max((e["peak_bytes_per_chip"] for e in entries.values() if "peak_bytes_per_chip" in e), default=resident)
@@ -80,6 +78,16 @@ def compile_report(config) -> dict:
       "roofline_step_seconds": sum(e.get("roofline_seconds", 0.0) for e in entries.values()),
       "trainable_params": programs_lib.num_params(trained(run)),
   }
+
+
+def program_report(program, resident: int, flops: float | None, slice_) -> dict:
+  """The report entry of a program compiled for `slice_`; one run as consecutive parts (a tuple of lowerings)
+  gets one entry for them all (`report.consecutive_entry`)."""
+  parts = program.lowered if isinstance(program.lowered, tuple) else (program.lowered,)
+  part_flops = flops if len(parts) == 1 else None  # FLOP formulas are per program, never per part
+  return report_lib.consecutive_entry([
+      report_lib.program_entry(program, compiled, hlo_text, resident, part_flops, slice_.chip, slice_.chips)
+      for compiled, hlo_text in map(compile_with_text, parts)])
 
 
 def compile_with_text(lowered) -> tuple:

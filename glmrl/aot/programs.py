@@ -108,7 +108,8 @@ def build(config, mesh) -> AbstractRun:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-  """One program of the step: its lowering and which of its arguments are resident state."""
+  """One program of the step: its lowering (a tuple: consecutive programs, run as one step of the step) and which
+  of its arguments are resident state."""
   name: str
   lowered: object
   state_args: tuple  # the trees among its arguments that live in HBM for the whole run
@@ -117,10 +118,9 @@ class Program:
 
 def ar_reshard(run: AbstractRun) -> Program:
   """config.rollout.ar_weights "gathered": the once-per-rollout cast and reshard of the generator's states
-  (`rollout_weights.reshard_program`, as `GlmImagePipeline.rollout_ar_params` runs it)."""
+  (`rollout_weights.Reshard`'s consecutive parts, as `GlmImagePipeline.rollout_ar_params` runs them)."""
   _, states = run.component("ar")
-  lowered = rollout_weights.reshard_program(states, run.configs.ar.dtype).lower(states)
-  return Program("ar_reshard", lowered, states)
+  return Program("ar_reshard", rollout_weights.Reshard(states, run.configs.ar.dtype).lower(states), states)
 
 
 def sampler(run: AbstractRun) -> Program:

@@ -136,6 +136,25 @@ def program_entry(program, compiled, hlo_text: str, resident_bytes: int, flops: 
   return entry
 
 
+def consecutive_entry(parts: list[dict]) -> dict:
+  """The entry of a program run as consecutive parts (each part's `program_entry`, without FLOPs): arguments,
+  outputs, bytes moved and roofline times summed, the largest part's temporaries (and its roofline's bound), and
+  as peak the largest of each part's own peak plus the outputs of the parts before it, which stay live."""
+  if len(parts) == 1:
+    return parts[0]
+  summed = ("argument_bytes", "output_bytes", "alias_bytes", "xla_bytes_accessed", "collective_bytes_total",
+            "hbm_bytes_total", "roofline_seconds")
+  entry = {key: sum(part[key] for part in parts) for key in summed}
+  earlier, peak = 0, 0
+  for part in parts:
+    peak = max(peak, part["peak_bytes_per_chip"] + earlier)
+    earlier += max(part["output_bytes"] - part["alias_bytes"], 0)
+  longest = max(parts, key=lambda part: part["roofline_seconds"])
+  entry.update(temp_bytes=max(part["temp_bytes"] for part in parts), peak_bytes_per_chip=peak,
+               calls_per_step=parts[0]["calls_per_step"], roofline_bound=longest["roofline_bound"], parts=len(parts))
+  return entry
+
+
 def human_bytes(v: float) -> str:
   """1536 -> '1.5 KiB'."""
   for unit in ("B", "KiB", "MiB", "GiB"):

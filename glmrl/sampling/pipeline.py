@@ -308,7 +308,7 @@ class GlmImagePipeline:
       return self._own_ar_rollout
     structure = jax.tree.structure(ar_params)
     if structure not in self._ar_reshard:  # one program per tree: a run's shardings do not change
-      self._ar_reshard[structure] = rollout_weights.reshard_program(ar_params, self.configs.ar.dtype)
+      self._ar_reshard[structure] = rollout_weights.Reshard(ar_params, self.configs.ar.dtype)
     return self._ar_reshard[structure](ar_params)
 
   def sample_tokens(self, prepared: Prepared, keys_B, group_size: int, ar_params=None):

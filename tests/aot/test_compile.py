@@ -21,6 +21,7 @@ from glmrl.aot import programs  # noqa: E402
 from glmrl.aot import report as report_lib  # noqa: E402
 from glmrl.aot import topology  # noqa: E402
 from glmrl.errors import UserError  # noqa: E402
+from glmrl.sampling import rollout_weights  # noqa: E402
 from tests.test_main import run_main  # noqa: E402
 from tests.train.common import tiny_config  # noqa: E402
 
@@ -70,6 +71,32 @@ def test_the_table_names_each_program_that_does_not_fit_and_by_how_much():
                          "decoder": {"error": "RESOURCE_EXHAUSTED: ran out of memory", "fits": False}}}
   header = report_lib.table(report).splitlines()[0]
   assert "does not fit (update 2.5 GiB over; decoder refused by the compiler)" in header, header
+
+
+def test_a_program_run_in_consecutive_parts_is_reported_as_one(monkeypatch):
+  """The gathered rollout layout's reshard, in parts of 64 KiB (the released generator's go by 1 GiB): one entry
+  whose bytes are the parts' sums and whose peak holds the earlier parts' outputs beside the last part's own."""
+  monkeypatch.setattr(rollout_weights, "PART_BYTES", 2 ** 16)
+  config = tiny_config(data__prompts_per_step=4, rollout__ar_weights="gathered")
+  slice_ = topology.parse("v5e-8")
+  run = programs.build(config, mode_lib._mesh(config, topology.devices(slice_)))  # pylint: disable=protected-access
+  with jax.set_mesh(run.mesh):
+    program = programs.ar_reshard(run)
+  assert isinstance(program.lowered, tuple) and len(program.lowered) > 2
+  entry = mode_lib.program_report(program, 0, None, slice_)
+  parts = [report_lib.program_entry(program, *mode_lib.compile_with_text(lowered), 0, None, slice_.chip, slice_.chips)
+           for lowered in program.lowered]
+  assert entry["parts"] == len(parts)
+  for key in ("argument_bytes", "output_bytes", "collective_bytes_total", "hbm_bytes_total"):
+    assert entry[key] == sum(part[key] for part in parts), key
+  _, states = run.component("ar")
+  # The whole rollout copy comes out (TPU tiles pad small arrays' buffers).
+  assert entry["output_bytes"] >= report_lib.bytes_per_chip(rollout_weights.abstract(states, run.configs.ar.dtype))
+  outputs = [part["output_bytes"] for part in parts]  # nothing donated: no aliasing
+  assert entry["peak_bytes_per_chip"] == max(part["peak_bytes_per_chip"] + sum(outputs[:k])
+                                             for k, part in enumerate(parts))
+  assert entry["peak_bytes_per_chip"] >= sum(outputs)  # the whole copy exists at the end
+  assert entry["temp_bytes"] == max(part["temp_bytes"] for part in parts)
 
 
 def abstract_run(chips: int):

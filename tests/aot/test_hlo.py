@@ -236,7 +236,10 @@ def program_traffic(builder=programs.sampler, ar_weights="update", **mesh):
   run = programs.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
   with jax.set_mesh(run.mesh):
     program = builder(run)
-  _, text = mode_lib.compile_with_text(program.lowered)
+  lowered = program.lowered
+  if isinstance(lowered, tuple):  # consecutive parts (the reshard): the tiny generator's is one
+    (lowered,) = lowered
+  _, text = mode_lib.compile_with_text(lowered)
   return hlo.analyse(text, 8)[0], run
 
 

@@ -17,8 +17,10 @@ def main():
   import jax
   import numpy as np
 
-  from glmrl.sampling.logprobs import SamplingConfig
+  from glmrl.sampling import rollout_weights
   from glmrl.train import loop
+
+  rollout_weights.PART_BYTES = 2 ** 16  # the tiny generator resharded in several parts, as the released one is
 
   # float32 weights, bfloat16 compute: the gathered copy is cast to bfloat16 before the sampler reads it.
   config = tiny_config(mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor, model__compute_dtype="bfloat16")
@@ -28,7 +30,8 @@ def main():
   prepared = run.pipeline.prepare(batch.prompts, ar_params=state.model_params())
   ga = run.request.grids_per_prompt
   keys = jax.random.split(jax.random.key(3), len(batch.prompts) * ga)
-  out = {"devices": jax.device_count()}
+  out = {"devices": jax.device_count(),
+         "reshard_parts": len(rollout_weights.Reshard(state.model_params(), run.pipeline.configs.ar.dtype).parts)}
   for greedy in (True, False):
     for layout in ("update", "gathered"):
       spec = dataclasses.replace(run.pipeline.spec, ar_weights=layout,

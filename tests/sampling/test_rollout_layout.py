@@ -1,5 +1,5 @@
 """config.rollout.ar_weights on 8 host devices (fsdp 4 x tensor 2): the sampler reads the generator cast to the
-compute dtype and resharded without its fsdp split, and draws the same ids with the same log-probs as from the
+compute dtype and resharded without its fsdp split (in several consecutive programs), and draws the same ids with the same log-probs as from the
 update's layout (greedy and sampled, the same keys). main.py trains with it on two processes:
 tests/train/test_multihost.py."""
 
@@ -11,6 +11,7 @@ from tests.train.common import device_run
 def test_gathered_weights_sample_what_the_update_layout_samples(tmp_path):
   result = device_run("tests.sampling.rollout_layout_run", 8, "1,4,2", tmp_path)
   assert result["devices"] == 8
+  assert result["reshard_parts"] > 2  # the reshard ran as consecutive programs
   for mode in ("greedy", "sampled"):
     update, gathered = result[f"update/{mode}"], result[f"gathered/{mode}"]
     assert any("fsdp" in s for s in update["specs"])  # the update's layout splits the generator over fsdp
