@@ -307,7 +307,7 @@ class GlmImagePipeline:
         self._own_ar_rollout = self.rollout_ar_params((self.models["ar"][1],))
       return self._own_ar_rollout
     structure = jax.tree.structure(ar_params)
-    if structure not in self._ar_reshard:  # one program per tree: a run's shardings do not change
+    if structure not in self._ar_reshard:  # one reshard per tree: a run's shardings do not change
       self._ar_reshard[structure] = rollout_weights.Reshard(ar_params, self.configs.ar.dtype)
     return self._ar_reshard[structure](ar_params)
 

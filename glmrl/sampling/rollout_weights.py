@@ -2,9 +2,9 @@
 
 The update keeps the generator split over fsdp; a decode loop reading that layout gathers every weight again
 at every token (402 all-gathers, 14.8 GiB per chip per token for the released t2i recipe on v5p-64, from the
-compiled HLO). Before sampling, one program casts the weights to the compute dtype (the model casts each to
-it at use anyway, so the numbers do not change) and reshards them without their fsdp split: tensor-parallel
-over `tensor`, whole on every data x fsdp chip. LoRA adapters keep their dtype (they are small, and their
+compiled HLO). Before sampling, a few programs in turn (`Reshard`) cast the weights to the compute dtype (the
+model casts each to it at use anyway, so the numbers do not change) and reshard them without their fsdp split:
+tensor-parallel over `tensor`, whole on every data x fsdp chip. LoRA adapters keep their dtype (they are small, and their
 arithmetic is not the base's).
 """
 
@@ -82,7 +82,7 @@ class Reshard:
 
 
 def abstract(states, dtype):
-  """What `reshard_program` returns for abstract `states` (ShapeDtypeStructs with the run's shardings)."""
+  """What `Reshard` returns for abstract `states` (ShapeDtypeStructs with the run's shardings)."""
   return jax.tree.map(lambda v: v.replace(jax.ShapeDtypeStruct(v.shape, _rollout_dtype(v, dtype),
                                                                sharding=sharding_lib.without_fsdp(v.sharding))),
                       states, is_leaf=_is_variable)
