@@ -54,6 +54,10 @@ def of_array(x_BxHxWxC) -> Rows:
   height = x_BxHxWxC.shape[1]
 
   def fetch(start, n: int):
+    if isinstance(start, int):  # one band: a static slice, zero rows padded outside the image
+      lo, hi = min(max(start, 0), height), max(min(start + n, height), 0)
+      pad = [(0, 0), (lo - start, start + n - max(hi, lo))] + [(0, 0)] * 2
+      return jnp.pad(x_BxHxWxC[:, lo:max(hi, lo)], pad), inside(start, n, height)
     # A window of min(n, H) real rows, then shifted so that its first row is `start`.
     m = min(n, height)
     base = jnp.clip(start, 0, height - m)
@@ -79,7 +83,8 @@ def map_bands(height: int, n: int, body: Callable, buffers: tuple):
     return tuple(jax.lax.dynamic_update_slice_in_dim(buf, band.astype(buf.dtype), start, axis=1)
                  for buf, band in zip(buffers, bands))
 
-  return jax.lax.fori_loop(0, height // n, step, tuple(buffers))
+  # One band (small images): no loop, static slices (less to compile).
+  return step(0, tuple(buffers)) if height == n else jax.lax.fori_loop(0, height // n, step, tuple(buffers))
 
 
 def _grouped(x_BxNxWxC, groups: int):
@@ -108,7 +113,8 @@ def group_stats(rows: Rows, groups: int, max_rows: int):
             m2_BxG + band_m2_BxG + jnp.square(delta_BxG) * (count * per_band / total))
 
   zeros_BxG = zeros(rows, (b, groups), jnp.float32)
-  _, mean_BxG, m2_BxG = jax.lax.fori_loop(0, rows.height // n, step, (jnp.float32(0), zeros_BxG, zeros_BxG))
+  carry = (jnp.float32(0), zeros_BxG, zeros_BxG)
+  _, mean_BxG, m2_BxG = step(0, carry) if rows.height == n else jax.lax.fori_loop(0, rows.height // n, step, carry)
   return mean_BxG, m2_BxG / (rows.height * w * (c // groups))
 
 
