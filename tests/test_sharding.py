@@ -30,9 +30,9 @@ def test_logical_to_spec_replicates_what_does_not_divide():
 def test_per_device_samples_splits_rows_over_batch_devices_and_keeps_the_vae_exact():
   """On 8 host devices (data 2 x fsdp 2 x tensor 2), inside jit: `fn` sees each batch device's rows (8 rows over
   4 batch devices: 2 each; tensor pairs share theirs) with the replicated argument whole; 6 rows, which 4 devices
-  do not divide, are padded to 8 (2 each) and the padding's results dropped. The VAE through it equals the VAE without a mesh (float32, 1e-5): the decoder
-  program's decode (`decode.decode_images`, uint8 within one level) and the image-to-image encode
-  (`decode.encode_latents`)."""
+  do not divide, are padded to 8 (2 each) and the padding's results dropped. The VAE through it equals the VAE
+  without a mesh (float32, 1e-5): the decoder program's decode (`decode.decode_images`, uint8 within one level)
+  and the image-to-image encode (`decode.encode_latents`)."""
   import subprocess
   import sys
 

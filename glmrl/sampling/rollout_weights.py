@@ -4,8 +4,8 @@ The update keeps the generator split over fsdp; a decode loop reading that layou
 at every token (402 all-gathers, 14.8 GiB per chip per token for the released t2i recipe on v5p-64, from the
 compiled HLO). Before sampling, a few programs in turn (`Reshard`) cast the weights to the compute dtype (the
 model casts each to it at use anyway, so the numbers do not change) and reshard them without their fsdp split:
-tensor-parallel over `tensor`, whole on every data x fsdp chip. LoRA adapters keep their dtype (they are small, and their
-arithmetic is not the base's).
+tensor-parallel over `tensor`, whole on every data x fsdp chip. LoRA adapters keep their dtype (they are small,
+and their arithmetic is not the base's).
 """
 
 from __future__ import annotations
@@ -48,19 +48,18 @@ PART_BYTES = 2 ** 30
 
 class Reshard:
   """The cast + reshard of a tree of states (`cast`, then each array without its fsdp split) as consecutive
-  jitted programs over parts of about `part_bytes` (default `PART_BYTES`) of output, in tree order. Built from `states` (abstract or
-  concrete): their shardings fix the programs'; called on states of the same structure."""
+  jitted programs over parts of about `part_bytes` (default `PART_BYTES`) of output, in tree order. Built from
+  `states` (abstract or concrete): their shardings fix the programs'; called on states of the same structure."""
 
   def __init__(self, states, dtype, part_bytes: int | None = None):
     part_bytes = part_bytes or PART_BYTES
     variables, self.treedef = jax.tree.flatten(states, is_leaf=_is_variable)
-    self.parts, part, size = [], [], 0
+    self.parts, size = [[]], 0
     for i, variable in enumerate(variables):
-      part.append(i)
+      if size >= part_bytes:  # the open part is full: start the next
+        self.parts, size = self.parts + [[]], 0
+      self.parts[-1].append(i)
       size += math.prod(variable.shape) * _rollout_dtype(variable, dtype).itemsize
-      if size >= part_bytes:
-        self.parts, part, size = self.parts + [part], [], 0
-    self.parts += [part] if part else []
     self.programs = [jax.jit(functools.partial(cast, dtype=dtype),
                              out_shardings=sharding_lib.gathered_shardings([variables[i] for i in part]))
                      for part in self.parts]

@@ -1,7 +1,7 @@
 """config.rollout.ar_weights on 8 host devices (fsdp 4 x tensor 2): the sampler reads the generator cast to the
-compute dtype and resharded without its fsdp split (in several consecutive programs), and draws the same ids with the same log-probs as from the
-update's layout (greedy and sampled, the same keys). main.py trains with it on two processes:
-tests/train/test_multihost.py."""
+compute dtype and resharded without its fsdp split (in several consecutive programs), and draws the same ids
+with the same log-probs as from the update's layout (greedy and sampled, the same keys). main.py trains with it on
+two processes: tests/train/test_multihost.py."""
 
 import numpy as np
 

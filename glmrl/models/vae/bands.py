@@ -50,6 +50,11 @@ def inside(start, n: int, height: int):
   return (rows_N >= 0) & (rows_N < height)
 
 
+def zero_outside(x_BxNxWxC, valid_N):
+  """`x` with its rows outside the image set to zero (what a conv's zero padding would read there)."""
+  return jnp.where(valid_N[None, :, None, None], x_BxNxWxC, 0)
+
+
 def of_array(x_BxHxWxC) -> Rows:
   height = x_BxHxWxC.shape[1]
 
@@ -127,14 +132,13 @@ def norm_silu(norm: nnx.GroupNorm, stats, x_BxNxWxC, valid_N):
   x_BxPxGxc = _grouped(x_BxNxWxC, groups)
   y_BxPxGxc = (x_BxPxGxc - mean_BxG[:, None, :, None]) * jax.lax.rsqrt(var_BxG + norm.epsilon)[:, None, :, None]
   y_BxNxWxC = y_BxPxGxc.reshape(b, n, w, c) * norm.scale[...] + norm.bias[...]
-  y_BxNxWxC = jax.nn.silu(y_BxNxWxC.astype(norm.dtype or x_BxNxWxC.dtype))
-  return jnp.where(valid_N[None, :, None, None], y_BxNxWxC, 0)
+  return zero_outside(jax.nn.silu(y_BxNxWxC.astype(norm.dtype or x_BxNxWxC.dtype)), valid_N)
 
 
 def conv_bands(conv: nnx.Conv, rows: Rows, max_rows: int, activation=None):
   """A 3x3 conv (built with no row padding) over all rows, by bands: each band reads one halo row each side.
   `activation(x_band, valid_N)` is applied to its input rows first (default: zero outside the image)."""
-  activation = activation or (lambda x, valid_N: jnp.where(valid_N[None, :, None, None], x, 0))
+  activation = activation or zero_outside
   n = band_rows(rows.height, max_rows)
   b, h, w, _ = rows.shape
 

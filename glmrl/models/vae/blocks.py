@@ -122,7 +122,7 @@ class Upsample(nnx.Module):
       # floor((start - 1) / 2) on; n // 2 + 2 of them cover that window whichever parity start has.
       first = (start - 1) // 2  # floor division, of a Python int (one band) or a traced one
       x_BxMxwxC, valid_M = low.fetch(first, n // 2 + 2)
-      up_Bx2Mx2wxC = jnp.where(jnp.repeat(valid_M, 2)[None, :, None, None], _upsample(x_BxMxwxC), 0)
+      up_Bx2Mx2wxC = bands.zero_outside(_upsample(x_BxMxwxC), jnp.repeat(valid_M, 2))
       window = jax.lax.dynamic_slice_in_dim(up_Bx2Mx2wxC, start - 1 - 2 * first, n + 2, axis=1)
       return self.conv(window), bands.inside(start, n, 2 * h)
 

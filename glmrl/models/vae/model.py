@@ -9,8 +9,9 @@ diffusers' NCHW -> ours: `x.transpose(0, 2, 3, 1)`; ours -> NCHW: `x.transpose(0
 maps it to pixels with `(x / 2 + 0.5).clip(0, 1)`.
 The latent normalisation helpers take a `channel_axis` so they also apply to NCHW DiT latents.
 The decoder runs by bands of rows (`bands`; `VAEConfig.band_rows`) with GroupNorm over whole images: the same
-images as diffusers' decode up to rounding. diffusers' tiled encoding/decoding (normalisation per tile, blended
-seams; off by default and unused by the pipeline) is not implemented.
+images as diffusers' decode up to rounding, in the memory tiling would save. diffusers' tiling (GroupNorm per
+tile, blended seams; off by default, unused by its pipeline) changes the images, so there is no tiled mode here;
+the encoder, whose condition images are few, runs whole.
 """
 
 from __future__ import annotations
