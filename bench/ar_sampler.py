@@ -7,14 +7,17 @@ is timed after one warm-up call (compilation reported separately), transformers 
 a short warm-up generate.
 
   python bench/ar_sampler.py [--height 256 --width 256 --batches 1,8 --prompt_len 32] [--threads 1]
+                             [--dtype bfloat16]
 
 `--threads N` gives both sides N compute threads (`bench/threads.py`: the process pinned to N CPUs, torch's
-intra-op pool N); the default leaves each library its own default. The output states which.
+intra-op pool N); the default leaves each library its own default. The output states which. On a GPU both sides
+run there (`bench/accel.py`); `--dtype` sets both sides' parameters and activations.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -22,7 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import glmrl  # noqa: E402,F401
-from bench import threads  # noqa: E402
+from bench import accel, threads  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -75,14 +78,16 @@ def time_ours(model, cfg, ids, valid, grids, per_sample, layout, sampling, seed)
   return time.perf_counter() - start, first
 
 
-def time_reference(reference, ids, valid, grids, per_sample, n_new, sampling):
-  inputs = dict(input_ids=torch.from_numpy(ids.astype(np.int64)), attention_mask=torch.from_numpy(valid.astype(np.int64)),
-                image_grid_thw=torch.from_numpy(grids), images_per_sample=torch.from_numpy(per_sample))
+def time_reference(reference, ids, valid, grids, per_sample, n_new, sampling, device):
+  t = lambda a: torch.from_numpy(a).to(device)
+  inputs = dict(input_ids=t(ids.astype(np.int64)), attention_mask=t(valid.astype(np.int64)),
+                image_grid_thw=t(grids), images_per_sample=t(per_sample))
   kwargs = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, eos_token_id=None)
+  generate = accel.synced(lambda n: reference.generate(**inputs, max_new_tokens=n, **kwargs), device)
   with torch.inference_mode():
-    reference.generate(**inputs, max_new_tokens=8, **kwargs)  # warm-up
+    generate(8)  # warm-up
     start = time.perf_counter()
-    out = reference.generate(**inputs, max_new_tokens=n_new, **kwargs)
+    out = generate(n_new)
     elapsed = time.perf_counter() - start
   if out.shape[1] - ids.shape[1] != n_new:
     raise RuntimeError(f"generate stopped after {out.shape[1] - ids.shape[1]} of {n_new} tokens")
@@ -97,28 +102,32 @@ def main(argv=None):
   parser.add_argument("--prompt_len", type=int, default=32)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--threads", type=int, default=0, help="compute threads on each side; 0: library defaults")
+  parser.add_argument("--dtype", default="float32", choices=accel.DTYPES, help="both sides' params and compute")
   args = parser.parse_args(argv)
   threads_used = threads.limit(args.threads)
   batches = [int(b) for b in args.batches.split(",")]
 
-  cfg = bench_config()
+  dtype = accel.jax_dtype(args.dtype)
+  cfg = dataclasses.replace(bench_config(), dtype=dtype, param_dtype=dtype)
+  device = accel.torch_device()
   layout = GenerationLayout.for_size(args.height, args.width, text_to_image=True)
   n_new = layout.num_new_tokens
   # The reference does not constrain to the codebook; compare like with like.
   sampling = SamplingConfig(constrain_to_codebook=False)
   torch.manual_seed(args.seed)
   reference = GlmImageForConditionalGeneration(GlmImageConfig(**cfg.to_hf())).eval()
+  reference = reference.to(device=device, dtype=accel.torch_dtype(args.dtype))
   model = GlmImageAR(cfg, rngs=nnx.Rngs(args.seed))
   n_params = sum(p.numel() for p in reference.parameters())
   print(f"config: {n_params / 1e6:.1f}M parameters, {n_new} new tokens per sample "
         f"(preview {layout.grids[0]}, target {layout.target_hw}, end), prompt length {args.prompt_len}")
-  print(f"devices: jax {jax.devices()[0].platform} x{jax.device_count()}; threads: {threads_used}")
+  print(f"devices: {accel.describe(device)}, jax x{jax.device_count()}; {args.dtype}; threads: {threads_used}")
 
   rows = []
   for b in batches:
     ids, valid, grids, per_sample = prompts(cfg, b, args.prompt_len, layout, args.seed)
     ours_s, first_s = time_ours(model, cfg, ids, valid, grids, per_sample, layout, sampling, args.seed)
-    ref_s = time_reference(reference, ids, valid, grids, per_sample, n_new, sampling)
+    ref_s = time_reference(reference, ids, valid, grids, per_sample, n_new, sampling, device)
     rows.append((b, b * n_new / ours_s, b * n_new / ref_s, first_s - ours_s))
 
   print(f"\n{'batch':>5} | {'glmrl tok/s':>11} | {'transformers tok/s':>18} | {'ratio':>6} | {'compile s':>9}")

@@ -1,10 +1,13 @@
 """Decoder (Flow-GRPO) update cost per trained timestep, what the SDE window saves, and the torch reference.
 
     python -m bench.decoder_update [--batch 4 --size 256 --layers 4 --heads 4 --head_dim 32 --windows 1,2,4,10
-                                    --steps 10 --window 2 --reps 15 --torch_threads 2 --single_thread --no_torch]
+                                    --steps 10 --window 2 --reps 15 --torch_threads 2 --single_thread --no_torch
+                                    --dtype bfloat16 --attention cudnn]
 
-On a random DiT somewhat bigger than `DiTConfig.tiny` with DiT LoRA (DIT_TARGETS), float32, one batch of B
-samples at R x R pixels, timed in one run (median of --reps, interleaved, after one untimed compile call):
+On a random DiT somewhat bigger than `DiTConfig.tiny` with DiT LoRA (DIT_TARGETS), float32 parameters computing
+in --dtype (torch: autocast to it), one batch of B samples at R x R pixels, both sides on the same device (torch on
+CUDA when JAX runs on a GPU, `bench/accel.py`), timed in one run (median of --reps, interleaved, after one untimed
+compile call):
 1. the jitted `glmrl.policy.decoder.update` (first=True: old = stop_gradient(new)) for each SDE window size W, per
    call and per trained timestep (/ W), also as a multiple of one CFG-guided velocity (two DiT passes): a sampling
    step's forward;
@@ -49,6 +52,8 @@ def parse_args(argv=None):
                  help="one intra-op thread for XLA and torch (fairer on a machine other processes load: torch's "
                       "OpenMP team stalls when one of its threads is descheduled)")
   p.add_argument("--no_torch", action="store_true", help="skip the diffusers + PEFT column")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="compute dtype, both sides")
+  p.add_argument("--attention", default="xla", help="our DiT's attention kernel (attention.IMPLS)")
   args = p.parse_args(argv)
   if args.single_thread:
     args.torch_threads = 1
@@ -56,7 +61,7 @@ def parse_args(argv=None):
 
 
 ARGS = parse_args()
-from bench import threads  # noqa: E402
+from bench import accel, threads  # noqa: E402
 
 THREADS = threads.limit(1 if ARGS.single_thread else 0)  # before jax starts
 
@@ -85,7 +90,8 @@ TORCH_TARGETS = r".*transformer_blocks\.\d+\.(attn1\.(to_q|to_k|to_v|to_out\.0)|
 def dit_config(args) -> DiTConfig:
   return DiTConfig.tiny(in_channels=16, out_channels=16, num_layers=args.layers, num_attention_heads=args.heads,
                         attention_head_dim=args.head_dim, text_embed_dim=64, time_embed_dim=64, condition_dim=16,
-                        prior_vq_quantizer_codebook_size=256)
+                        prior_vq_quantizer_codebook_size=256, dtype=accel.jax_dtype(args.dtype),
+                        attention_impl=args.attention)
 
 
 def count(tree) -> int:
@@ -181,7 +187,7 @@ class Updater:
 
 # ----------------------------------------------------------------------------------------------- reference (torch)
 
-def torch_timestep_fn(cfg: DiTConfig, rank: int, x: dict, traj: decode.Trajectory, threads: int):
+def torch_timestep_fn(cfg: DiTConfig, rank: int, x: dict, traj: decode.Trajectory, threads: int, dtype: str):
   """(one trained timestep as train_sd3.py, its CFG forward alone (no grad: a sampling step), the PEFT model's
   LoRA parameter count); raises if the model cannot be built or run."""
   import torch
@@ -189,29 +195,32 @@ def torch_timestep_fn(cfg: DiTConfig, rank: int, x: dict, traj: decode.Trajector
   from peft import LoraConfig, get_peft_model
 
   torch.set_num_threads(threads)
+  device = accel.torch_device()
   torch.manual_seed(0)
   model = get_peft_model(GlmImageTransformer2DModel.from_config(cfg.to_hf()),
                          LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=True,
                                     target_modules=TORCH_TARGETS))
-  model.train()
+  model.to(device).train()
   lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
-  t = lambda a: torch.from_numpy(np.array(a))
+  t = lambda a: torch.from_numpy(np.array(a)).to(device)
   two = lambda a: torch.cat([t(a), t(a)])
   b = x["noise_BxCxhxw"].shape[0]
   glyph_2BxSxD = torch.cat([t(x["neg_glyph_BxSxD"]), t(x["glyph_BxSxD"])])  # uncond first, as train_sd3
   ids_2BxX = two(x["prior_ids_BxX"]).long()
-  drop_2BxX = torch.arange(2 * b)[:, None].expand_as(ids_2BxX) < b  # every prior token dropped in uncond
+  drop_2BxX = torch.arange(2 * b, device=device)[:, None].expand_as(ids_2BxX) < b  # every prior token dropped in uncond
   size_2Bx2, crop_2Bx2 = two(x["size_Bx2"]), two(x["crop_Bx2"])
   x_BxCxhxw, x_next_BxCxhxw = t(traj.latents_before[0]), t(traj.latents_after[0])
   adv_B = t(x["advantages_B"]).clamp(-ADV_CLIP, ADV_CLIP)
   sigma, sigma_next = float(x["sigmas_T1"][0]), float(x["sigmas_T1"][1])
-  timestep_2B = torch.full((2 * b,), float(x["timesteps_T"][0]))
+  timestep_2B = torch.full((2 * b,), float(x["timesteps_T"][0]), device=device)
+  autocast = lambda: torch.autocast(device, dtype=accel.torch_dtype(dtype), enabled=dtype != "float32")
 
   def logprob_B():
-    out = model(hidden_states=torch.cat([x_BxCxhxw, x_BxCxhxw]), encoder_hidden_states=glyph_2BxSxD,
-                prior_token_id=ids_2BxX, prior_token_drop=drop_2BxX, timestep=timestep_2B, target_size=size_2Bx2,
-                crop_coords=crop_2Bx2, return_dict=False)[0]
-    v_uncond, v_cond = out.chunk(2)
+    with autocast():
+      out = model(hidden_states=torch.cat([x_BxCxhxw, x_BxCxhxw]), encoder_hidden_states=glyph_2BxSxD,
+                  prior_token_id=ids_2BxX, prior_token_drop=drop_2BxX, timestep=timestep_2B, target_size=size_2Bx2,
+                  crop_coords=crop_2Bx2, return_dict=False)[0]
+    v_uncond, v_cond = out.float().chunk(2)
     v = v_uncond + GUIDANCE * (v_cond - v_uncond)
     # sd3_sde_with_logprob.py: sigma == 1 takes sigmas[1] in 1 - sigma.
     dt = sigma_next - sigma
@@ -233,7 +242,7 @@ def torch_timestep_fn(cfg: DiTConfig, rank: int, x: dict, traj: decode.Trajector
     loss = torch.maximum(-adv_B * ratio, -adv_B * ratio.clamp(1 - CLIP, 1 + CLIP)).mean()
     loss.backward()
 
-  return step, forward, lora
+  return accel.synced(step, device), accel.synced(forward, device), lora
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -261,11 +270,12 @@ def report(args, cfg, sizes, ms, compile_s, torch_note):
     tfwd = ms["torch_guided_forward"]
     rows += [("torch: guided forward (CFG as one 2B batch, no grad)", tfwd, None, tfwd),
              ("torch: guided forward + log-prob + loss + backward", ms["torch_timestep"], 1, tfwd)]
-  print(f"\ndevices: {jax.devices()}; {versions()}; "
+  print(f"\ndevices: {jax.devices()}; torch on {accel.torch_device()}; {versions()}; "
         f"threads: {THREADS}; torch threads {args.torch_threads}")
   print(f"DiT {cfg.num_layers} layers, {cfg.num_attention_heads}x{cfg.attention_head_dim} heads, "
         f"{sizes['dit_params'] / 1e6:.2f}M params, LoRA rank {args.lora_rank} on DIT_TARGETS: "
-        f"{sizes['lora_params']} params (torch PEFT: {sizes.get('torch_lora_params', '-')}); float32")
+        f"{sizes['lora_params']} params (torch PEFT: {sizes.get('torch_lora_params', '-')}); float32 parameters, "
+        f"{args.dtype} compute, attention {args.attention}")
   print(f"batch {args.batch}, {args.size}x{args.size} px ({(args.size // 16) ** 2} image tokens, "
         f"{args.text_len} glyph tokens); median of {args.reps}, interleaved; first calls (compile): "
         + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
@@ -341,7 +351,7 @@ def main():
   if not args.no_torch:
     try:
       step, forward, sizes["torch_lora_params"] = torch_timestep_fn(cfg, args.lora_rank, x, traj,
-                                                                    args.torch_threads)
+                                                                    args.torch_threads, args.dtype)
       fns["torch_guided_forward"], fns["torch_timestep"] = forward, step
       compile_s["torch_timestep"] = first_call(step)
       torch_note = ""

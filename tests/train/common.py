@@ -54,6 +54,7 @@ def device_run_args():
   parser.add_argument("--workdir", required=True)
   args = parser.parse_args()
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+  os.environ["JAX_PLATFORMS"] = "cpu"  # the host devices, also where a GPU is the default backend
   return args, tuple(int(x) for x in args.mesh.split(","))
 
 

@@ -37,7 +37,7 @@ def attention(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, impl: str | None, b
   if impl == "splash":
     return splash(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK, block)
   if impl == "cudnn":
-    return jax.nn.dot_product_attention(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask=mask_Bx1x1xK, implementation="cudnn")
+    return cudnn(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK)
   return xla(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK)
 
 
@@ -61,6 +61,25 @@ def xla(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK):
                          precision=precision, preferred_element_type=jnp.float32)
   o_BxHxSxD = o_BxHxSxD / jnp.sum(e_BxHxSxK, axis=-1, keepdims=True)
   return heads_major(o_BxHxSxD).astype(v_BxKxHxD.dtype)
+
+
+def cudnn(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK):
+  """cuDNN's flash attention (NVIDIA GPUs, 16-bit operands). cuDNN takes a mask only as a bias of the scores'
+  full [.., S, K] extent (a key mask [B, 1, 1, K] is refused), so the key mask is broadcast over the queries:
+  B x S x K booleans per layer, against the [B, H, S, K] float32 scores XLA's kernel holds. With a bias its
+  backward needs even lengths: an odd query count gets one padding query (dropped), an odd key count one masked
+  padding key."""
+  b, s, _, _ = q_BxSxHxD.shape
+  k_len = k_BxKxHxD.shape[1]
+  if mask_Bx1x1xK is None:
+    mask_Bx1x1xK = jnp.ones((b, 1, 1, k_len), bool)
+  pad = lambda x_BxLxHxD: jnp.pad(x_BxLxHxD, ((0, 0), (0, x_BxLxHxD.shape[1] % 2), (0, 0), (0, 0)))
+  q_BxSxHxD, k_BxKxHxD, v_BxKxHxD = pad(q_BxSxHxD), pad(k_BxKxHxD), pad(v_BxKxHxD)
+  mask_Bx1x1xK = jnp.pad(jnp.broadcast_to(mask_Bx1x1xK, (b, 1, 1, k_len)), ((0, 0),) * 3 + ((0, k_len % 2),))
+  mask_Bx1xSxK = jnp.broadcast_to(mask_Bx1x1xK, (b, 1, q_BxSxHxD.shape[1], k_BxKxHxD.shape[1]))
+  out_BxSxHxD = jax.nn.dot_product_attention(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask=mask_Bx1xSxK,
+                                             implementation="cudnn")
+  return out_BxSxHxD[:, :s]
 
 
 @functools.partial(jax.checkpoint, prevent_cse=False)

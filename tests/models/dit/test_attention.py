@@ -54,6 +54,7 @@ def test_splash_per_device_on_a_mesh(tmp_path):
   script = """
 import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"  # 8 host devices, also where a GPU is the default backend
 import glmrl, jax, jax.numpy as jnp, numpy as np
 from glmrl import sharding
 from glmrl.models.dit.attention import attention
@@ -100,6 +101,67 @@ def test_xla_kernel_equals_float64_attention_in_value_and_gradient():
   bf16 = attention_lib.xla(*(x.astype(jnp.bfloat16) for x in (q, k, v)), mask)
   assert bf16.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(bf16, np.float32), want[0], atol=2 ** -6)
+
+
+def test_cudnn_wrapper_gives_the_kernel_even_lengths_and_a_full_mask(monkeypatch):
+  """cuDNN (seen on an H200) refuses a [B, 1, 1, K] mask and, with a mask, odd lengths in its backward. Our wrapper
+  pads to even lengths and broadcasts the mask; with XLA's kernel standing in for cuDNN's, the result equals XLA's
+  for odd and even lengths (1e-6, float32)."""
+  from glmrl.models.dit import attention as attention_lib
+
+  def kernel(q, k, v, mask=None, implementation=None):
+    assert implementation == "cudnn" and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0
+    assert mask.shape == (q.shape[0], 1, q.shape[1], k.shape[1])
+    return attention_lib.xla(q, k, v, mask[:, :, :1])
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", kernel)
+  q, k, v, mask = _qkv_mask()  # 37 queries, 42 keys
+  for s, n in ((S, C + S), (S - 1, C + S - 1), (S, C + S - 1)):
+    for m in (mask[..., :n], None):
+      got = attention_lib.cudnn(q[:, :s], k[:, :n], v[:, :n], m)
+      np.testing.assert_allclose(got, attention_lib.xla(q[:, :s], k[:, :n], v[:, :n], m), atol=1e-6)
+
+
+on_gpu = pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's flash kernel runs on NVIDIA GPUs only")
+
+
+@on_gpu
+def test_cudnn_kernel_in_bfloat16_is_as_accurate_as_xlas():
+  """On a GPU, bfloat16 operands: cuDNN's kernel's value and q, k, v gradients are at most twice as far from the
+  float64 formula as our XLA kernel's in bfloat16 (both are bounded by bfloat16's rounding, not by 1e-5)."""
+  rng = np.random.default_rng(2)
+  b, s, c, h, d = 2, 201, 7, 4, 64  # cuDNN: head dim a multiple of 8; odd lengths are padded
+  q, k, v, cot = (jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+                  for shape in ((b, s, h, d), (b, c + s, h, d), (b, c + s, h, d), (b, s, h, d)))
+  valid_BxK = rng.random((b, c + s)) < 0.8
+  valid_BxK[:, 0] = True
+  mask = jnp.asarray(valid_BxK)[:, None, None, :]
+  want = _attention_f64(q, k, v, valid_BxK, cot)
+
+  def errors(impl):
+    fn = lambda q, k, v: jnp.sum((attention(q, k, v, mask, impl, BLOCK) * cot).astype(jnp.float32))
+    out = attention(q, k, v, mask, impl, BLOCK)
+    assert out.dtype == jnp.bfloat16
+    got = (out, *jax.grad(fn, argnums=(0, 1, 2))(q, k, v))
+    return [float(np.max(np.abs(np.asarray(g, np.float64) - w))) for g, w in zip(got, want)]
+
+  for name, cudnn, xla in zip(("value", "dq", "dk", "dv"), errors("cudnn"), errors("xla")):
+    assert cudnn <= 2 * xla, (name, cudnn, xla)
+
+
+@on_gpu
+def test_dit_with_cudnn_in_bfloat16_matches_reference_as_xla_does(ref_model):
+  """On a GPU, the tiny DiT in bfloat16 with cuDNN's kernel is at most twice as far from diffusers (float32) as
+  the same DiT with XLA's kernel."""
+  import dataclasses
+
+  cfg = DiTConfig.tiny(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+  inputs = torch_ref.t2i_inputs(cfg, seed=1, batch=2, height=8, width=12, text_len=5)
+  want = torch_ref.ref_forward(ref_model, **inputs, prior_token_drop=np.zeros(inputs["prior_token_ids"].shape, bool))
+  error = {impl: torch_ref.max_abs(torch_ref.forward(torch_ref.ported(
+      ref_model, dataclasses.replace(cfg, attention_impl=impl)), inputs, prior_token_drop=False), want)
+      for impl in ("xla", "cudnn")}
+  assert error["cudnn"] <= 2 * error["xla"], error
 
 
 def _shapes(jaxpr, acc):
