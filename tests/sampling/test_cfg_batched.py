@@ -6,6 +6,7 @@ leaf's largest entry."""
 import glmrl  # noqa: F401
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -32,15 +33,20 @@ def test_batched_branches_match_the_sequential_ones():
   x = jnp.asarray(rng.normal(size=(B, cfg.in_channels, H // 8, W // 8)), jnp.float32)
   size, crop = jnp.tile(jnp.array([[H, W]], jnp.float32), (B, 1)), jnp.zeros((B, 2))
 
+  @functools.partial(jax.jit, static_argnums=1)  # jitted: op by op, this test took a minute
   def guided(state, batched, t):
     model = nnx.merge(graphdef, state)
     model.cfg = dataclasses.replace(model.cfg, cfg_batched=batched)
     return decode.guided_velocity(model, cond, x, t, 2.5, size, crop)
 
+  @functools.partial(jax.jit, static_argnums=1)
+  def grad_of(state, batched, t):
+    return jax.grad(lambda s: jnp.sum(jnp.square(guided(s, batched, t))))(state)
+
   for t in (jnp.float32(700.0), jnp.asarray([900.0, 400.0, 50.0])):
     seq, both = guided(state, False, t), guided(state, True, t)
     np.testing.assert_allclose(np.asarray(both), np.asarray(seq), rtol=1e-5, atol=1e-5)
-    grad = lambda batched: jax.grad(lambda s: jnp.sum(jnp.square(guided(s, batched, t))))(state)
+    grad = lambda batched: grad_of(state, batched, t)
     # Gradients: to 1e-5 of each leaf's largest entry (the batch of 2B sums its rows in another order).
     for a, b in zip(jax.tree.leaves(grad(True)), jax.tree.leaves(grad(False))):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5 * float(np.abs(b).max()) + 1e-12)
