@@ -69,10 +69,10 @@ def cudnn(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, mask_Bx1x1xK):
   B x S x K booleans per layer, against the [B, H, S, K] float32 scores XLA's kernel holds. With a bias its
   backward needs even lengths: an odd query count gets one padding query (dropped), an odd key count one masked
   padding key."""
+  if mask_Bx1x1xK is None:
+    return jax.nn.dot_product_attention(q_BxSxHxD, k_BxKxHxD, v_BxKxHxD, implementation="cudnn")
   b, s, _, _ = q_BxSxHxD.shape
   k_len = k_BxKxHxD.shape[1]
-  if mask_Bx1x1xK is None:
-    mask_Bx1x1xK = jnp.ones((b, 1, 1, k_len), bool)
   pad = lambda x_BxLxHxD: jnp.pad(x_BxLxHxD, ((0, 0), (0, x_BxLxHxD.shape[1] % 2), (0, 0), (0, 0)))
   q_BxSxHxD, k_BxKxHxD, v_BxKxHxD = pad(q_BxSxHxD), pad(k_BxKxHxD), pad(v_BxKxHxD)
   mask_Bx1x1xK = jnp.pad(jnp.broadcast_to(mask_Bx1x1xK, (b, 1, 1, k_len)), ((0, 0),) * 3 + ((0, k_len % 2),))
