@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The checks that need an NVIDIA GPU, in one short run:
+#
+#   bash tests/gpu.sh
+#
+# 1. The GPU-only tests (cuDNN's attention in bfloat16; skipped elsewhere) and the on-policy ratio tests, with
+#    float32 matmuls at full precision (XLA:GPU's default would round them to TF32, which the float32 tolerances
+#    are not meant for);
+# 2. main.py as a GPU user runs it: the released t2i recipe's tiny config in bfloat16 with
+#    `model.dit_attention=auto` (cuDNN), two steps.
+# `bash bench/gpu.sh` then measures speed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest PYTHONUNBUFFERED=1
+python3 -m pytest -q -p no:cacheprovider tests/models/dit/test_attention.py tests/grpo/test_flow.py -k "cudnn or on_policy"
+workdir=$(mktemp -d)
+python3 main.py --config=configs/glm_image_t2i.py:tiny --config.model.compute_dtype=bfloat16 \
+  --config.model.dit_attention=auto --config.train.num_steps=2 --config.log.image_interval=0 --workdir="$workdir"
+echo "main.py: $(wc -l < "$workdir/metrics.jsonl") metric rows in $workdir"
