@@ -54,6 +54,7 @@ def parse_args(argv=None):
   p.add_argument("--no_torch", action="store_true", help="skip the diffusers + PEFT column")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="compute dtype, both sides")
   p.add_argument("--attention", default="xla", help="our DiT's attention kernel (attention.IMPLS)")
+  p.add_argument("--cfg_batched", action="store_true", help="our CFG branches as one forward of 2B (as torch's)")
   args = p.parse_args(argv)
   if args.single_thread:
     args.torch_threads = 1
@@ -91,7 +92,7 @@ def dit_config(args) -> DiTConfig:
   return DiTConfig.tiny(in_channels=16, out_channels=16, num_layers=args.layers, num_attention_heads=args.heads,
                         attention_head_dim=args.head_dim, text_embed_dim=64, time_embed_dim=64, condition_dim=16,
                         prior_vq_quantizer_codebook_size=256, dtype=accel.jax_dtype(args.dtype),
-                        attention_impl=args.attention)
+                        attention_impl=args.attention, cfg_batched=args.cfg_batched)
 
 
 def count(tree) -> int:
@@ -275,7 +276,8 @@ def report(args, cfg, sizes, ms, compile_s, torch_note):
   print(f"DiT {cfg.num_layers} layers, {cfg.num_attention_heads}x{cfg.attention_head_dim} heads, "
         f"{sizes['dit_params'] / 1e6:.2f}M params, LoRA rank {args.lora_rank} on DIT_TARGETS: "
         f"{sizes['lora_params']} params (torch PEFT: {sizes.get('torch_lora_params', '-')}); float32 parameters, "
-        f"{args.dtype} compute, attention {args.attention}")
+        f"{args.dtype} compute, attention {args.attention}, "
+        f"CFG branches {'as one forward' if args.cfg_batched else 'as two forwards'}")
   print(f"batch {args.batch}, {args.size}x{args.size} px ({(args.size // 16) ** 2} image tokens, "
         f"{args.text_len} glyph tokens); median of {args.reps}, interleaved; first calls (compile): "
         + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
