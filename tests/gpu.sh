@@ -3,7 +3,8 @@
 #
 #   bash tests/gpu.sh
 #
-# 1. The GPU-only tests (cuDNN's attention in bfloat16; skipped elsewhere) and the on-policy ratio tests, with
+# 1. The GPU-only tests (cuDNN's attention in bfloat16; skipped elsewhere) and the on-policy tests (the flow ratio, the
+#    sampler against the learner's log-probs; the latter failed on an H200, docs/benchmarks.md), with
 #    float32 matmuls at full precision (XLA:GPU's default would round them to TF32, which the float32 tolerances
 #    are not meant for);
 # 2. main.py as a GPU user runs it: the released t2i recipe's tiny config in bfloat16 with
@@ -12,7 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest PYTHONUNBUFFERED=1
-python3 -m pytest -q -p no:cacheprovider tests/models/dit/test_attention.py tests/grpo/test_flow.py -k "cudnn or on_policy"
+python3 -m pytest -q -p no:cacheprovider tests/models/dit/test_attention.py tests/grpo/test_flow.py \
+  tests/sampling/test_logprobs.py -k "cudnn or on_policy"
 workdir=$(mktemp -d)
 python3 main.py --config=configs/glm_image_t2i.py:tiny --config.model.compute_dtype=bfloat16 \
   --config.model.dit_attention=auto --config.train.num_steps=2 --config.log.image_interval=0 --workdir="$workdir"
