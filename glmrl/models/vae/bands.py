@@ -78,6 +78,12 @@ def band_rows(height: int, max_rows: int) -> int:
   return max(d for d in range(1, min(height, max_rows) + 1) if height % d == 0)
 
 
+def _over_bands(count: int, step: Callable, carry):
+  """`step(i, carry)` for i < count: a `fori_loop`, or with one band a plain call (Python int 0: static slices,
+  less to compile)."""
+  return step(0, carry) if count == 1 else jax.lax.fori_loop(0, count, step, carry)
+
+
 def map_bands(height: int, n: int, body: Callable, buffers: tuple):
   """For each band start = 0, n, 2n, ...: `body(start, buffers)` returns one [B, n, W, C] band per buffer,
   written over the buffer's rows start .. start + n - 1 (in place: the buffers are the loop's carry)."""
@@ -88,8 +94,7 @@ def map_bands(height: int, n: int, body: Callable, buffers: tuple):
     return tuple(jax.lax.dynamic_update_slice_in_dim(buf, band.astype(buf.dtype), start, axis=1)
                  for buf, band in zip(buffers, bands))
 
-  # One band (small images): no loop, static slices (less to compile).
-  return step(0, tuple(buffers)) if height == n else jax.lax.fori_loop(0, height // n, step, tuple(buffers))
+  return _over_bands(height // n, step, tuple(buffers))
 
 
 def _grouped(x_BxNxWxC, groups: int):
@@ -118,8 +123,7 @@ def group_stats(rows: Rows, groups: int, max_rows: int):
             m2_BxG + band_m2_BxG + jnp.square(delta_BxG) * (count * per_band / total))
 
   zeros_BxG = zeros(rows, (b, groups), jnp.float32)
-  carry = (jnp.float32(0), zeros_BxG, zeros_BxG)
-  _, mean_BxG, m2_BxG = step(0, carry) if rows.height == n else jax.lax.fori_loop(0, rows.height // n, step, carry)
+  _, mean_BxG, m2_BxG = _over_bands(rows.height // n, step, (jnp.float32(0), zeros_BxG, zeros_BxG))
   return mean_BxG, m2_BxG / (rows.height * w * (c // groups))
 
 
