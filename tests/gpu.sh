@@ -17,6 +17,20 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest 
 failed=0
 python3 -m pytest -q -p no:cacheprovider tests/models/dit/test_attention.py tests/grpo/test_flow.py \
   tests/sampling/test_logprobs.py -k "cudnn or on_policy" || failed=$((failed + 1))
+# test_on_policy_other_filters failed on an H200 with jax 0.11.2, differently from run to run (docs/benchmarks.md,
+# "On one GPU"). If it fails, rerun it with one XLA:GPU feature off at a time (flag names as in jax 0.11.2's
+# CUDA plugin): the one whose run passes is the suspect.
+other=tests/sampling/test_logprobs.py::test_on_policy_other_filters
+if ! python3 -m pytest -q -p no:cacheprovider "$other" > /dev/null 2>&1; then
+  for flag in --xla_gpu_enable_pdl=false --xla_gpu_enable_command_buffer= \
+      --xla_gpu_enable_dynamic_slice_fusion=false; do
+    if XLA_FLAGS="${XLA_FLAGS:-} $flag" python3 -m pytest -q -p no:cacheprovider "$other" > /dev/null 2>&1; then
+      echo "$other: passes with $flag"
+    else
+      echo "$other: fails with $flag"
+    fi
+  done
+fi
 workdir=$(mktemp -d)
 if python3 main.py --config=configs/glm_image_t2i.py:tiny --config.model.compute_dtype=bfloat16 \
     --config.model.dit_attention=auto --config.train.num_steps=2 --config.log.image_interval=0 --workdir="$workdir"; then
