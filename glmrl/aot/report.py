@@ -125,9 +125,9 @@ def program_entry(program, compiled, hlo_text: str, resident_bytes: int, flops: 
     entry["flops"] = float(flops)
   traffic, memory = hlo.analyse(hlo_text, chips)
   entry["collective_bytes_total"], entry["hbm_bytes_total"] = traffic.total, memory.total
-  loop = traffic.main_loop()
-  if loop is not None:
-    hbm_loop = next(l for l in memory.loops if l.name == loop.name)  # the same parse: the same loops
+  hbm_loop = memory.main_loop()  # by HBM bytes: a loop can do most of the work and move nothing between chips
+  if hbm_loop is not None:
+    loop = next(l for l in traffic.loops if l.name == hbm_loop.name)  # the same parse: the same loops
     entry["main_loop"] = {"trip_count": loop.trip_count, "collective_bytes_per_iteration": loop.bytes_per_iteration,
                           "collectives_per_iteration": loop.collectives_per_iteration,
                           "hbm_bytes_per_iteration": hbm_loop.bytes_per_iteration}

@@ -223,6 +223,23 @@ def test_a_compiled_decode_loop_reads_one_tokens_weights_and_cache_per_iteration
   assert memory.outside + loop.bytes_per_iteration == pytest.approx(report.xla_bytes_accessed(compiled), rel=0.03)
 
 
+def test_the_main_loop_is_the_one_that_moves_the_most_bytes_not_the_most_iterations():
+  """A decoder's shape: 10 heavy steps (each reads a 2 MiB weight), then 16 light bands (a 64 KiB slice each)."""
+  def program(w_ExE, x_BxE):
+    steps = jax.lax.fori_loop(0, 10, lambda i, h: jnp.tanh(h @ w_ExE), x_BxE)
+    bands = jax.lax.fori_loop(0, 16, lambda i, a: a + jax.lax.dynamic_slice_in_dim(steps, i * 2, 2, 0).sum(), 0.0)
+    return steps, bands
+
+  device = topology.devices(topology.parse("v5e-8"))[:1]
+  sharding = jax.sharding.SingleDeviceSharding(device[0])
+  args = (jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16, sharding=sharding),
+          jax.ShapeDtypeStruct((32, 1024), jnp.bfloat16, sharding=sharding))
+  _, text = mode_lib.compile_with_text(jax.jit(program).lower(*args))
+  memory = hlo.analyse(text, 1)[1]
+  assert sorted(l.trip_count for l in memory.loops) == [10, 16]
+  assert memory.main_loop().trip_count == 10
+
+
 @pytest.mark.parametrize("text,devices,n", [
     ("replica_groups={{0,1,2,3,4,5}}", 8, 6), ("replica_groups=[4,2]<=[8]", 8, 2),
     ("replica_groups=mesh['data'=2,'fsdp'=4,'tensor'=2] {'fsdp','tensor'}", 16, 8), ("replica_groups={}", 8, 8)])
