@@ -130,9 +130,9 @@ def filter_mask(logits_NxV: jax.Array, step_N: jax.Array, cfg: SamplingConfig, r
   vocab = logits_NxV.shape[-1]
   keep = rule.mask(step_N, logits_NxV.shape)
   scaled = jnp.where(keep, logits_NxV / jnp.float32(cfg.temperature), -jnp.inf)
-  # One materialised `scaled` for the k-th value and the comparison with it: XLA:GPU otherwise recomputed the
-  # division in two fusions with different rounding, and the k-th token itself then fell below its own value
-  # (7 of 8 kept at 87 of 508 tokens on an H200, docs/benchmarks.md).
+  # One materialised `scaled` for the k-th value (and the top-p threshold) and the comparisons with it: without
+  # the barrier XLA:GPU gave the k-th value and the values compared with it different rounding, and the k-th
+  # token fell below its own value (7 of 8 kept at 87 of 508 tokens on an H200, docs/benchmarks.md).
   scaled = jax.lax.optimization_barrier(scaled)
   if cfg.top_k and cfg.top_k < vocab:
     kth = jax.lax.top_k(scaled, cfg.top_k)[0][..., -1:]
