@@ -12,6 +12,8 @@ Every config key is listed and commented in configs/common.py. Modes write into 
             config.eval.prompts_file (latest checkpoint)
   compile   compile_report.json/.md: every program of a step compiled for config.compile.topology (e.g.
             v5p-64) from this host, per-chip bytes and whether it fits (needs requirements-compile.txt)
+Compiled programs are kept in a persistent cache (--compilation_cache, default $JAX_COMPILATION_CACHE_DIR else
+~/.cache/glmrl/jax): a second run, a resume, eval and generate of the same config skip their compilation.
 Bad input ends with one line naming the value and exit status 2; a run stopped by SIGTERM or Ctrl-C
 saves a checkpoint first and exits 143 or 130.
 """
@@ -27,6 +29,7 @@ from absl import flags
 from ml_collections import config_flags
 
 import glmrl  # noqa: F401  (library-wide settings)
+from glmrl import compilation_cache
 from glmrl import config_checks
 from glmrl import distributed
 from glmrl.checkpoint.signals import StopSignal
@@ -39,6 +42,9 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-process r
                                    "(detected on SLURM and Cloud TPU pods).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process runs: how many processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index.")
+_CACHE = flags.DEFINE_string("compilation_cache", None, "Folder of the persistent XLA compilation cache (compiled "
+                             "programs reused by the next run, resume, eval or generate); \"\" turns it off. "
+                             "Default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/glmrl/jax.")
 _USE_EMA = flags.DEFINE_bool("use_ema", False, "--mode=generate|eval: sample the decoder with the moving average of "
                              "its trained parameters saved with each checkpoint (config.decoder.ema), not the "
                              "parameters themselves.")
@@ -159,6 +165,7 @@ def main(argv):
     with StopSignal(what=f"--mode={_MODE.value} stopped"):
       distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
       config_checks.validate(_CONFIG.value, _MODE.value)
+      compilation_cache.enable(compilation_cache.folder(_CACHE.value))
       kwargs = {}
       if _USE_EMA.value:
         config_checks.check_use_ema(_CONFIG.value, _MODE.value)

@@ -17,8 +17,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.compute_dtype = "float32"  # Activations / matmuls: "float32" or "bfloat16".
   # DiT attention kernel: "xla" (all queries' scores at once), "blocked" (512 queries at a time: never the
   # [B, heads, S, S] scores of 1024^2 images), "cudnn" (flash attention, NVIDIA GPUs, bf16), "splash" (Pallas
-  # flash attention, TPUs; --mode=compile for a TPU slice) or "auto" (splash on TPU, cudnn on GPU in bf16, else xla).
-  c.model.dit_attention = "xla"  # DiT attention kernel (see above).
+  # flash attention, TPUs; --mode=compile for a TPU slice) or "auto" (splash on TPU, cudnn on GPU in bf16, else xla;
+  # the run logs its choice, the compile report records it).
+  c.model.dit_attention = "auto"  # DiT attention kernel (see above).
   # Classifier-free guidance's two DiT passes as one forward of twice the batch (larger matmuls; the pass's
   # activations double: the README's compile tables are of the two sequential passes). Text-to-image only.
   c.model.dit_cfg_batched = False  # Both CFG branches in one DiT forward.
@@ -171,10 +172,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.log.image_interval = 50  # Write sample grids every this many steps.
 
   # Where the AR sampler reads the generator's weights: "update" (the update's FSDP layout: every generated token
-  # gathers them over fsdp) or "gathered" (resharded once per rollout without the fsdp split: tensor-parallel over
-  # mesh.tensor and whole on every other chip; the generator's size / tensor more HBM during the rollout).
+  # gathers them over fsdp), "gathered" (resharded once per rollout without the fsdp split: tensor-parallel over
+  # mesh.tensor and whole on every other chip; the generator's size / tensor more HBM during the rollout) or "auto"
+  # ("gathered" where the copy, the KV cache and the resident state fit in 90% of a chip's memory, else "update";
+  # glmrl/aot/auto.py; the run logs its choice and why, the compile report records it).
   c.rollout = ml_collections.ConfigDict()
-  c.rollout.ar_weights = "update"  # "update" or "gathered".
+  c.rollout.ar_weights = "auto"  # "auto", "update" or "gathered".
   c.compile = ml_collections.ConfigDict()
   c.compile.topology = ""  # --mode=compile's target slice, e.g. "v5p-64", "v5e-256", "v6e-8".
 

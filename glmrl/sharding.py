@@ -176,11 +176,12 @@ def use_mesh(mesh):
 def put(x, sharding: NamedSharding) -> jax.Array:
   """`x` placed on `sharding`, also when the mesh spans several processes.
 
-  Every process holds the same host value (the data pipeline is deterministic), so each builds its
-  own devices' shards from it (`make_array_from_callback`); a single process uses device_put. PRNG
-  key arrays travel as their key data.
+  A host value (or an array on this process's devices) is the same on every process (the data pipeline is
+  deterministic), so each builds its own devices' shards from it (`make_array_from_callback`). An array that
+  already spans several processes (a slice of a rollout) is resharded on the devices by `device_put`: no
+  process can read it whole. A single process uses device_put. PRNG key arrays travel as their key data.
   """
-  if sharding.is_fully_addressable:
+  if sharding.is_fully_addressable or (isinstance(x, jax.Array) and not x.is_fully_addressable):
     return jax.device_put(x, sharding)
   if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
     return jax.random.wrap_key_data(put(jax.random.key_data(x), sharding), impl=jax.random.key_impl(x))

@@ -39,7 +39,7 @@ def test_every_config_field_is_commented():
     ("sampling.top_p", 0.0, "config.sampling.top_p=0.0"),
     ("grpo.epsilon_low", 1.0, r"config.grpo.epsilon_low=1.0: must be in \[0, 1\)"),
     ("data.mode", "video", "config.data.mode='video'"),
-    ("rollout.ar_weights", "tensor", r"config.rollout.ar_weights='tensor': must be one of \['update', 'gathered'\]"),
+    ("rollout.ar_weights", "tensor", r"config.rollout.ar_weights='tensor': must be one of \['auto', 'update', 'gathered'\]"),
 ])
 def test_range_errors(key, value, message):
   cfg = load_config("demo")

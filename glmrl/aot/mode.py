@@ -41,8 +41,14 @@ def compile_report(config) -> dict:
   slice_ = topology_lib.parse(config.compile.topology)
   mesh = _mesh(config, topology_lib.devices(slice_))
   setup_lib.check_batch(config, tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
-  run = programs_lib.build(config, mesh)
-  state = resident_state(run)
+  if config.data.mode != "t2i":
+    raise UserError("--mode=compile covers text-to-image runs (config.data.mode='t2i'); image-to-image adds the "
+                    "condition images' DiT cache, which it does not lower yet")
+  run = programs_lib.build(config, mesh, hbm_bytes=slice_.chip.hbm_bytes)
+  for choice in run.choices:
+    logging.info("%s", choice.line())
+  config = run.config
+  state = run.resident_bytes()
   resident = sum(state.values())
   flops = report_lib.step_flops(config, run.layout, run.configs, ar_params=programs_lib.decoder_params(run),
                                 dit_params=programs_lib.num_params(run.models["dit"][1]))
@@ -76,7 +82,8 @@ def compile_report(config) -> dict:
       "estimated_step_seconds": total_flops / (slice_.chips * slice_.chip.peak_bf16_flops * report_lib.MFU_ASSUMPTION),
       "mfu_assumption": report_lib.MFU_ASSUMPTION,
       "roofline_step_seconds": sum(e.get("roofline_seconds", 0.0) for e in entries.values()),
-      "trainable_params": programs_lib.num_params(trained(run)),
+      "trainable_params": programs_lib.num_params(run.trained()),
+      "auto": {c.key: {"value": c.value, "why": c.why} for c in run.choices},
   }
 
 
@@ -100,30 +107,6 @@ def compile_with_text(lowered) -> tuple:
       raise RuntimeError(f"XLA wrote no optimized HLO into {dump}")
     with open(texts[-1]) as f:
       return compiled, f.read()
-
-
-def trained(run) -> tuple:
-  """The trees the run trains: each policy's trained state."""
-  return tuple(state.trainable for state in run.states.values())
-
-
-def resident_state(run) -> dict:
-  """Bytes per chip of what stays in HBM for the whole run, by kind. `frozen`: every model's part that no
-  policy trains (a trained model's base, the other models whole); `ema`: the moving averages kept."""
-  states = run.states.values()
-  trained_models = {s.policy.component for s in states}
-  frozen = tuple(s.frozen for s in states) + tuple(state for name, (_, state) in run.models.items()
-                                                   if name not in trained_models)
-  averages = tuple(s.ema for s in states if s.ema is not None)
-  out = {
-      "params": report_lib.bytes_per_chip(trained(run)),
-      "opt_state": report_lib.bytes_per_chip(tuple(s.opt_state for s in states)),
-      "frozen": report_lib.bytes_per_chip(frozen),
-      "reference": report_lib.bytes_per_chip(tuple(s.reference for s in states if s.reference is not None)),
-  }
-  if averages:
-    out["ema"] = report_lib.bytes_per_chip(averages)
-  return out
 
 
 def compile(config, workdir: str) -> dict:  # pylint: disable=redefined-builtin  # the mode's name

@@ -18,6 +18,9 @@ import numpy as np
 from flax import nnx
 
 from glmrl import sharding as sharding_lib
+from glmrl.aot import auto
+from glmrl.aot import report as report_lib
+from glmrl.aot import topology
 from glmrl.errors import UserError
 from glmrl.models import glm_image
 from glmrl.models import lora as lora_lib
@@ -57,6 +60,7 @@ class AbstractRun:
   layout: GenerationLayout
   models: dict          # component -> (graphdef, abstract state) as loaded (the trained ones before their split)
   states: dict          # policy name -> PolicyState (abstract)
+  choices: tuple = ()   # what each `auto` setting became (`glmrl.aot.auto.Choice`)
 
   @property
   def request(self):
@@ -89,13 +93,34 @@ class AbstractRun:
   def latent_shape(self) -> tuple[int, int, int]:
     return self.configs.latent_shape(self.config.data.height, self.config.data.width)
 
+  def trained(self) -> tuple:
+    """The trees the run trains: each policy's trained state."""
+    return tuple(state.trainable for state in self.states.values())
 
-def build(config, mesh) -> AbstractRun:
-  """The run of `config` on `mesh`, abstractly: `model.checkpoint_dir`'s configs, else the preset's."""
-  if config.data.mode != "t2i":
-    raise UserError("--mode=compile covers text-to-image runs (config.data.mode='t2i'); image-to-image adds the "
-                    "condition images' DiT cache, which it does not lower yet")
-  configs = setup_lib.model_configs(config, platform="tpu")
+  def resident_bytes(self) -> dict:
+    """Bytes per chip of what stays in HBM for the whole run, by kind. `frozen`: every model's part that no
+    policy trains (a trained model's base, the other models whole); `ema`: the moving averages kept."""
+    states = self.states.values()
+    trained_models = {s.policy.component for s in states}
+    frozen = tuple(s.frozen for s in states) + tuple(state for name, (_, state) in self.models.items()
+                                                     if name not in trained_models)
+    averages = tuple(s.ema for s in states if s.ema is not None)
+    out = {
+        "params": report_lib.bytes_per_chip(self.trained()),
+        "opt_state": report_lib.bytes_per_chip(tuple(s.opt_state for s in states)),
+        "frozen": report_lib.bytes_per_chip(frozen),
+        "reference": report_lib.bytes_per_chip(tuple(s.reference for s in states if s.reference is not None)),
+    }
+    if averages:
+      out["ema"] = report_lib.bytes_per_chip(averages)
+    return out
+
+
+def build(config, mesh, platform: str = "tpu", hbm_bytes: int | None = None) -> AbstractRun:
+  """The run of `config` on `mesh` of `platform` chips, abstractly: `model.checkpoint_dir`'s configs, else the
+  preset's; its config with every `auto` resolved for chips of `hbm_bytes` (default: the slice's, from the mesh's
+  devices) and the choices in `run.choices`."""
+  configs = setup_lib.model_configs(config, platform=platform)
   models = {}
   for name in glm_image.COMPONENTS:
     graphdef, state = glm_image.abstract_model(name, getattr(configs, name))
@@ -103,7 +128,10 @@ def build(config, mesh) -> AbstractRun:
   states = {name: build_state(policy, config, models[policy.component], mesh, abstract=True)
             for name, policy in registry.trained(config).items()}
   layout = GenerationLayout.for_size(config.data.height, config.data.width, text_to_image=True)
-  return AbstractRun(config, mesh, configs, layout, models, states)
+  run = AbstractRun(config, mesh, configs, layout, models, states)
+  run.config, run.choices = auto.resolve(config, mesh, platform, hbm_bytes or topology.chip_of(mesh).hbm_bytes,
+                                         lambda: run)
+  return run
 
 
 @dataclasses.dataclass(frozen=True)

@@ -193,6 +193,8 @@ def table(report: dict) -> str:
                 f"{human_bytes(p['collective_bytes_total'] * p['calls_per_step'])} | "
                 f"{p['roofline_seconds']:,.2f} ({p['roofline_bound']}) |")
   state = report["state_bytes_per_chip"]
+  if report.get("auto"):
+    rows += ["", "auto settings: " + "; ".join(f"{k} = {v['value']} ({v['why']})" for k, v in report["auto"].items())]
   rows += ["", "resident state per chip (GiB): " + ", ".join(f"{k} {gib(v)}" for k, v in state.items()),
            f"estimated step: {report['roofline_step_seconds']:.1f} s roofline (the programs' sum), "
            f"{report['estimated_step_seconds']:.1f} s at {report['mfu_assumption']:.0%} MFU"]

@@ -34,6 +34,10 @@ CHIPS = {
     "v6e": Chip("v6e", 32 * 10**9, 918e12, 1, 1640e9, 3584e9 / 8),
 }
 
+# The `device_kind` libtpu gives each generation's devices.
+DEVICE_KINDS = {"TPU v5": "v5p", "TPU v5p": "v5p", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e",
+                "TPU v6e": "v6e"}
+
 # Chips -> the physical shape libtpu expects for that slice.
 _V5P_SHAPES = {1: "1x1x1", 2: "1x2x1", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4",
                128: "4x4x8", 256: "4x8x8", 512: "8x8x8"}
@@ -82,3 +86,11 @@ def devices(slice_: Slice):
     raise UserError(f"cannot describe TPU topology {slice_.topology_name} ({slice_.name}): {type(e).__name__}: "
                     f"{str(e).splitlines()[0] if str(e) else ''}. --mode=compile needs libtpu: "
                     "pip install -r requirements-compile.txt") from None
+
+
+def chip_of(mesh) -> Chip:
+  """The chip of a mesh of TPU devices (abstract or real), by their `device_kind`."""
+  kind = mesh.devices.flat[0].device_kind
+  if kind not in DEVICE_KINDS:
+    raise UserError(f"unknown TPU device kind {kind!r}; known {sorted(DEVICE_KINDS)}")
+  return CHIPS[DEVICE_KINDS[kind]]

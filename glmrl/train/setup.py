@@ -12,6 +12,7 @@ import jax
 from absl import logging
 
 from glmrl import sharding as sharding_lib
+from glmrl.aot import auto
 from glmrl.data import PromptIterator, benchmarks, load_prompts
 from glmrl.errors import UserError
 from glmrl.models import glm_image
@@ -153,6 +154,26 @@ def load_records(config, train: bool = True):
   return records, eval_records
 
 
+def resolve_auto(config, mesh):
+  """`config` with its `auto` settings chosen for this process's platform and devices (`glmrl.aot.auto`), each
+  choice logged in one line; UserError when the run's resident state cannot fit a device at all."""
+  if "auto" not in (config.rollout.ar_weights, config.model.dit_attention):
+    return config
+  from glmrl.aot import programs  # pylint: disable=import-outside-toplevel  # it builds on this module
+
+  platform, hbm = jax.default_backend(), auto.device_memory_bytes()
+
+  def abstract_run():
+    run = programs.build(config, mesh, platform, hbm)
+    auto.check_resident_fits(run, hbm)
+    return run
+
+  config, choices = auto.resolve(config, mesh, platform, hbm, abstract_run)
+  for choice in choices:
+    logging.info("%s", choice.line())
+  return config
+
+
 def dit_attention(config, platform: str | None = None) -> str:
   """config.model.dit_attention, "auto" resolved for `platform` (default: this process's backend)."""
   impl = config.model.dit_attention
@@ -231,6 +252,7 @@ def build(config, *, train: bool = False) -> Run:
   check_batch(config, mesh_shape)
   records, eval_records = load_records(config, train)
   mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor)
+  config = resolve_auto(config, mesh)
   policies, request = registry.trained(config), registry.rollout_request(config)
   composers = {}
   for name, policy in policies.items():

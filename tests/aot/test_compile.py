@@ -28,12 +28,17 @@ from tests.train.common import tiny_config  # noqa: E402
 
 def test_main_writes_the_report_for_a_slice(tmp_path):
   # The decoupled recipe: every program of a step, the AR policy's and the decoder policy's.
+  # The sampler in the update's layout (`rollout.ar_weights=auto` picks "gathered" for this tiny run: see
+  # tests/aot/test_auto.py), whose decode loop gathers the generator at every token: the traffic counted below.
   result = run_main("--config=configs/glm_image_t2i_decoupled.py:tiny", "--mode=compile",
-                    "--config.compile.topology=v5e-8", tmp_path=tmp_path, timeout=600)
+                    "--config.compile.topology=v5e-8", "--config.rollout.ar_weights=update", tmp_path=tmp_path,
+                    timeout=600)
   assert result.returncode == 0, (result.stderr + result.stdout)[-3000:]
   report = json.loads((tmp_path / "compile_report.json").read_text())
   assert report["topology"] == "v5e-8" and report["chips"] == 8 and report["fits"] is True
   assert report["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+  assert report["auto"] == {"model.dit_attention": {"value": "splash", "why": "Pallas flash attention on TPU"}}
+  assert "model.dit_attention=auto -> 'splash'" in result.stderr
   assert set(report["programs"]) == {"ar_sampler", "decoder", "rewards", "update", "decoder_rewards",
                                      "decoder_update"}
   for name, p in report["programs"].items():
@@ -164,7 +169,7 @@ def test_nft_programs_lower_with_their_batch_and_the_average_resident():
   assert jax.tree.structure(state.ema) == jax.tree.structure(state.trainable)
   assert all(a.dtype == jax.numpy.float32 and a.sharding == t.sharding
              for a, t in zip(jax.tree.leaves(state.ema), jax.tree.leaves(state.trainable)))
-  assert mode_lib.resident_state(run)["ema"] > 0
+  assert run.resident_bytes()["ema"] > 0
   update = programs.update(run, "decoder")
   assert any(a is state.ema for a in update.state_args)
   assert "stablehlo" in update.lowered.as_text()
