@@ -55,6 +55,23 @@ def is_main() -> bool:
   return jax.process_index() == 0
 
 
+# How long a process waits at `barrier` for the others: building the models or loading a checkpoint can take
+# one host minutes longer than another.
+BARRIER_TIMEOUT_S = 1800
+
+
+def barrier(name: str) -> None:
+  """Every process waits here for the others, through the coordination service (no device collective).
+
+  On CPUs the first cross-process collective sets up gloo, whose rendezvous gives a late peer 30 s: two processes
+  sharing two cores built their models 41 s apart and failed there. Meeting here first starts that rendezvous
+  together."""
+  if jax.process_count() > 1:
+    from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+
+    jax_distributed.global_state.client.wait_at_barrier(f"glmrl: {name}", BARRIER_TIMEOUT_S * 1000)
+
+
 def finished() -> None:
   """Every process waits here for the others once a mode's work is done, so they reach jax.distributed's
   shutdown barrier together: process 0's host-side writes (metrics, images, records, exports) would

@@ -11,6 +11,7 @@ import os
 import jax
 from absl import logging
 
+from glmrl import distributed
 from glmrl import sharding as sharding_lib
 from glmrl.aot import auto
 from glmrl.data import PromptIterator, benchmarks, load_prompts
@@ -282,6 +283,7 @@ def build(config, *, train: bool = False) -> Run:
   logging.info("mesh %s on %d devices", dict(mesh.shape), jax.device_count())
   source = config.model.checkpoint_dir or f"a random {config.model.preset!r} preset"
   models = {}
+  distributed.barrier("inputs checked")  # a checkpoint's reads may be collective
   for i, name in enumerate(glm_image.COMPONENTS):
     logging.info("loading %s from %s", name, source)
     models[name] = glm_image.build(name, getattr(configs, name), mesh=mesh,
@@ -294,4 +296,5 @@ def build(config, *, train: bool = False) -> Run:
     # The run owns the trained parameters (the update donates them); the pipeline gets them per call.
     models[policy.component] = (state.graphdef, None)
   pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config), mesh=mesh)
+  distributed.barrier("models built")  # before the run's first collective (`distributed.barrier`)
   return Run(config, mesh, records, eval_records, iterator, composer, composers, pipeline, states)
