@@ -28,10 +28,20 @@ def folder(flag_value: str | None) -> str:
   return os.environ.get(ENV) or DEFAULT_DIR
 
 
+def layout_folder(directory: str) -> str:
+  """The subfolder of `directory` for this run's process count. JAX's cache key does not tell one process on 8
+  devices from 2 processes on 4 each: in a 2 x 4 CPU run whose process 0 loaded a program a 1 x 8 run had cached
+  while process 1 compiled its own, both waited in that program's collectives for ever (the t2i recipe's log-prob
+  metrics); two processes that both loaded it ran."""
+  return os.path.join(directory, f"processes_{jax.process_count()}")
+
+
 def enable(directory: str) -> str | None:
-  """Turns the cache on in `directory` (created if missing); returns it, or None when it is off: `directory` is
-  "" or cannot be written (one warning: a run without a cache is slower, never wrong)."""
+  """Turns the cache on in `directory`'s folder for this process layout (`layout_folder`, created if missing);
+  returns that folder, or None when the cache is off: `directory` is "" or cannot be written (one warning: a run
+  without a cache is slower, never wrong)."""
   if directory:
+    directory = layout_folder(directory)
     try:
       os.makedirs(directory, exist_ok=True)
       with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_probe_"):

@@ -43,16 +43,22 @@ def launch(workdir, *flags, processes: int = 2, devices: int = 4, timeout: int =
                                     f"--num_processes={processes}", f"--process_id={i}"),
                             env=env(devices), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
            for i, log in enumerate(logs)]
-  try:
-    for p in procs:
-      p.wait(timeout=timeout)
-    outputs = []
+  def outputs():
     for log in logs:
       log.seek(0)
-      outputs.append(log.read())
-    for i, (p, out) in enumerate(zip(procs, outputs)):
+    return [log.read() for log in logs]
+
+  try:
+    for p in procs:
+      try:
+        p.wait(timeout=timeout)
+      except subprocess.TimeoutExpired:
+        raise AssertionError("timed out: " + " | ".join(f"process {i}: {out[-2000:]}"
+                                                       for i, out in enumerate(outputs()))) from None
+    outs = outputs()
+    for i, (p, out) in enumerate(zip(procs, outs)):
       assert p.returncode == 0, f"process {i}: {out[-3000:]}"
-    return outputs
+    return outs
   finally:
     for p, log in zip(procs, logs):
       p.kill()
