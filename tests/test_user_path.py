@@ -42,8 +42,12 @@ def test_image_to_image_trains_past_step_two_with_evaluation(tmp_path):
 POD = ("--config.data.height=64", "--config.data.width=64", "--config.sampling.dit_steps=2",
        "--config.grpo.group_size=8", "--config.data.prompts_per_step=2", "--config.train.micro_batch_size=4",
        "--config.checkpoint.save_interval=2", "--config.log.image_interval=1", "--config.train.num_steps=2")
+# The tiny decoupled recipe trains both policies at 1e-2; with DiffusionNFT the two launches' step-2 generator
+# gradient norms were then 10% apart (other tokens sampled after an update that moves each adapter weight by about
+# the learning rate, as with the LoRA recipe below).
 DECOUPLED = ("--config.data.height=64", "--config.data.width=64", "--config.checkpoint.save_interval=2",
-             "--config.log.image_interval=1", "--config.train.num_steps=2")
+             "--config.log.image_interval=1", "--config.train.num_steps=2", "--config.optim.learning_rate=1e-3",
+             "--config.decoder.optim.learning_rate=1e-3")
 CONTINUOUS = "--config.rewards=({'name': 'brightness', 'weight': 1.0}, {'name': 'jpeg_compressibility', 'weight': 1e-4})"
 
 
@@ -68,7 +72,6 @@ def t2i_run(converted, tmp_path_factory):
   return multi, single, args
 
 
-@pytest.mark.xdist_group("t2i_run")  # one worker trains the run they share
 def test_released_t2i_config_trains_on_a_converted_checkpoint(t2i_run):
   workdir, _, _ = t2i_run
   rows = _rows(workdir)
@@ -78,7 +81,6 @@ def test_released_t2i_config_trains_on_a_converted_checkpoint(t2i_run):
   assert {"2"} <= set(os.listdir(workdir / "checkpoints"))
 
 
-@pytest.mark.xdist_group("t2i_run")  # one worker trains the run they share
 def test_eval_and_generate_on_the_trained_run_as_two_processes(t2i_run, tmp_path):
   """--mode=eval (a shipped benchmark, the initial models and step 2 compared) and --mode=generate on the pod's
   checkpoints, as 2 processes and as 1 process on a copy of the workdir: the same report and samples."""
@@ -122,7 +124,6 @@ def test_released_i2i_config_trains_on_a_converted_checkpoint_as_two_processes(c
   assert [r["step"] for r in _rows(multi)] == [1, 2]
 
 
-@pytest.mark.xdist_group("t2i_run")  # one worker trains the run they share
 def test_export_of_the_trained_run_loads_in_diffusers(t2i_run, converted, tmp_path):
   import diffusers
   import torch
