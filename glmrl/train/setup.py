@@ -19,7 +19,6 @@ from glmrl.errors import UserError
 from glmrl.models import glm_image
 from glmrl.models.ar import tokenizer as word_tokenizer
 from glmrl.models.ar.prompt import PromptProcessor
-from glmrl.models.dit import attention as attention_lib
 from glmrl.policy import registry
 from glmrl.policy.base import Request
 from glmrl.policy.state import build_state, num_params
@@ -177,10 +176,8 @@ def resolve_auto(config, mesh):
 
 def dit_attention(config, platform: str | None = None) -> str:
   """config.model.dit_attention, "auto" resolved for `platform` (default: this process's backend)."""
-  impl = config.model.dit_attention
-  if impl != "auto":
-    return impl
-  return attention_lib.for_platform(platform or jax.default_backend(), glm_image.DTYPES[config.model.compute_dtype])
+  choice = auto.dit_attention(config, platform or jax.default_backend())  # the rule's one home
+  return config.model.dit_attention if choice is None else choice.value
 
 
 def model_configs(config, platform: str | None = None) -> glm_image.GlmImageConfigs:
