@@ -26,6 +26,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from glmrl.checkpoint import fingerprint as fingerprint_lib
 from glmrl.errors import UserError
 from glmrl.thread_errors import os_error_raised_in, quiet_os_errors
 
@@ -106,7 +107,14 @@ def check_adapters(directory: str, adapters: dict | None, has_steps: bool, file:
     raise CheckpointError(f"{directory} holds LoRA adapter checkpoints ({path}: rank {recorded.get('rank')}) but "
                           f"this run is full fine-tuning ({section}.rank=0): set the same {section}, or use a "
                           "new --workdir")
-  if recorded.get("base") != adapters.get("base"):
+  base, run_base = recorded.get("base") or {}, adapters.get("base") or {}
+  if fingerprint_lib.is_legacy(base.get("fingerprint")) and base.get("checkpoint_dir") == run_base.get(
+      "checkpoint_dir") and {**recorded, "base": None} == {**adapters, "base": None}:
+    logging.warning("%s records its base's fingerprint in the earlier, rounded-float form, whose rounding differs "
+                    "between CPUs: the base is checked by its checkpoint_dir only (%s), and the record is rewritten "
+                    "in the exact form", path, base.get("checkpoint_dir"))
+    return
+  if base != run_base:
     raise CheckpointError(f"refusing to resume: the adapters in {directory} were trained on the base "
                           f"{recorded.get('base')} ({path}), this run's base is {adapters.get('base')}; "
                           "point config.model.checkpoint_dir at the base they were trained on, or use a new --workdir")
