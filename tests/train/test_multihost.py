@@ -1,5 +1,7 @@
 """Two processes x 4 CPU devices (gloo over loopback) train, save and resume as one run, launched as users
-launch main.py (the README's demo command: the decoder in several calls), and match one process on 8 devices.
+launch main.py (the README's demo command: the decoder in several calls), and match one process on 8 devices;
+`--mode=eval` (a shipped benchmark, two checkpoints compared) and `--mode=generate` on the checkpoints the two
+processes wrote, as 2 processes and as 1, write the same report and samples.
 
 Tolerances: step 1 (the initial parameters) within 1e-6 relative, the JPEG size reward (a discontinuous function
 of the pixels) within 1e-3 at every step. After an update the two runs' gradients differ by their collectives'
@@ -15,7 +17,9 @@ the pixels. At 1e-4 the JPEG reward is still part of every advantage (its spread
 scored by the wrong process would still move the gradient norm far past 1e-6), and one flip stays far under the bounds.
 """
 
+import json
 import os
+import shutil
 
 import numpy as np
 
@@ -39,7 +43,9 @@ def _params(workdir, step):
   return {k: reader.read(k) for k in reader.leaves}
 
 
-def test_two_processes_train_save_and_resume_as_one_process_on_eight_devices(tmp_path):
+def test_two_processes_train_resume_evaluate_and_generate_as_one_process_on_eight_devices(tmp_path):
+  """One test, not a shared fixture: pytest-xdist may hand a module's tests to both workers, and each would train
+  the pod run again."""
   multi, single = tmp_path / "multi", tmp_path / "single"
   launch(multi, *FLAGS, "--config.train.num_steps=2")
   launch(multi, *FLAGS, "--config.train.num_steps=3")  # resumes from the checkpoint of step 2, saved by both
@@ -53,3 +59,38 @@ def test_two_processes_train_save_and_resume_as_one_process_on_eight_devices(tmp
   diffs = np.concatenate([np.abs(got_params[k] - want_params[k]).ravel() for k in want_params])
   assert diffs.max() <= 2 * 1e-3 * 3  # demo learning rate 1e-3, 3 updates
   assert np.mean(diffs > 1e-5) < 0.005, np.mean(diffs > 1e-5)
+
+  # --mode=eval (PartiPrompts, the initial models and step 2 compared) and --mode=generate (step 3) on the pod's
+  # checkpoints, as 2 processes and as 1 process x 8 devices on a copy of the workdir.
+  one = tmp_path / "one"
+  shutil.copytree(multi, one)
+  # The README's eval command: the demo's 32 prompt tokens hold none of PartiPrompts' longer prompts.
+  evaluate = (*FLAGS, "--mode=eval", "--config.eval.benchmark=parti:2", "--config.eval.steps=0,2",
+              "--config.data.max_prompt_tokens=64")
+  launch(multi, *evaluate)
+  launch(one, *evaluate, processes=1, devices=8)
+  got, want = (json.loads((w / "eval" / "report.json").read_text()) for w in (multi, one))
+  assert got.keys() == want.keys() and got["steps"] == want["steps"] == [0, 2]
+  np.testing.assert_allclose(_numbers(got), _numbers(want), rtol=1e-5, atol=1e-6)
+  assert sorted(str(p.relative_to(multi)) for p in (multi / "eval" / "images").rglob("*.png")) == \
+      sorted(str(p.relative_to(one)) for p in (one / "eval" / "images").rglob("*.png"))
+  launch(multi, *FLAGS, "--mode=generate")
+  launch(one, *FLAGS, "--mode=generate", processes=1, devices=8)
+  got, want = (np.load(w / "generate" / "tokens.npz") for w in (multi, one))
+  assert int(got["step"]) == int(want["step"]) == 3
+  np.testing.assert_array_equal(got["tokens"], want["tokens"])
+  np.testing.assert_allclose(got["logprobs"], want["logprobs"], rtol=1e-5, atol=1e-6)
+  assert sorted(p.name for p in (multi / "generate").glob("*.png")) == \
+      sorted(p.name for p in (one / "generate").glob("*.png"))
+  assert (multi / "generate" / "grid.png").is_file()
+
+
+def _numbers(tree) -> np.ndarray:
+  """Every number of a JSON tree, in its order."""
+  if isinstance(tree, dict):
+    return np.concatenate([_numbers(v) for v in tree.values()] or [np.zeros(0)])
+  if isinstance(tree, list):
+    return np.concatenate([_numbers(v) for v in tree] or [np.zeros(0)])
+  if isinstance(tree, (int, float)) and not isinstance(tree, bool):
+    return np.asarray([float(tree)])
+  return np.zeros(0)
