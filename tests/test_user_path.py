@@ -100,6 +100,7 @@ def test_released_i2i_config_trains_and_evaluates_past_step_two(converted, tmp_p
   _assert_trained_past_evaluation(tmp_path)
 
 
+@pytest.mark.xdist_group("pod")
 @pytest.mark.pods
 def test_released_i2i_config_trains_and_evaluates_as_two_processes(converted, tmp_path):
   multi, single = pod_and_single(tmp_path, *_i2i(converted))
@@ -130,6 +131,7 @@ def _export(workdir, out_dir, *extra):
   return out_dir
 
 
+@pytest.mark.xdist_group("pod")
 def test_decoupled_run_as_two_processes_exports_adapters_that_peft_and_diffusers_load(converted, tmp_path):
   """configs/glm_image_t2i_decoupled.py:tiny on the converted folder with remat (the DiT's blocks rematerialised
   in sampling and in its update), as 2 processes, then --to_hf with and without --merge_lora. The generator's
@@ -207,6 +209,7 @@ def test_decoupled_run_as_two_processes_exports_adapters_that_peft_and_diffusers
   np.testing.assert_allclose(after_merged.numpy(), after.numpy(), rtol=0, atol=1e-4)
 
 
+@pytest.mark.xdist_group("pod")
 @pytest.mark.pods
 def test_decoupled_nft_run_trains_as_two_processes(converted, tmp_path):
   """DiffusionNFT on the decoder (the moving average as its old policy, kept and checkpointed) beside GRPO on the

@@ -27,7 +27,7 @@ def command(workdir, *flags) -> list:
   return [sys.executable, os.path.join(ROOT, "main.py"), f"--workdir={workdir}", *flags]
 
 
-def launch(workdir, *flags, processes: int = 2, devices: int = 4, timeout: int = 600) -> list[str]:
+def launch(workdir, *flags, processes: int = 2, devices: int = 4, timeout: int = 1200) -> list[str]:
   """main.py as `processes` processes of `devices` host devices each (one process: no coordinator); asserts each
   exits 0 and returns their output (stderr; with several processes, stdout and stderr together)."""
   if processes == 1:

@@ -22,6 +22,7 @@ import os
 import shutil
 
 import numpy as np
+import pytest
 
 from checkpoints_convert.flax_to_hf import OrbaxLeafReader
 from tests.train.processes import assert_same_metrics, launch, rows
@@ -43,6 +44,7 @@ def _params(workdir, step):
   return {k: reader.read(k) for k in reader.leaves}
 
 
+@pytest.mark.xdist_group("pod")
 def test_two_processes_train_resume_evaluate_and_generate_as_one_process_on_eight_devices(tmp_path):
   """One test, not a shared fixture: pytest-xdist may hand a module's tests to both workers, and each would train
   the pod run again."""
