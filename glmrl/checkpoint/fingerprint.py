@@ -32,7 +32,7 @@ _UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 def _leaf_sums(leaves):
   def sums(x):
     bits = jax.lax.bitcast_convert_type(x.reshape(-1), _UNSIGNED[x.dtype.itemsize]).astype(jnp.uint32)
-    w = (1 + jnp.arange(bits.shape[0], dtype=jnp.uint32) % _PERIOD).astype(jnp.uint32)
+    w = 1 + jnp.arange(bits.shape[0], dtype=jnp.uint32) % _PERIOD
     return jnp.stack([jnp.sum(bits, dtype=jnp.uint32), jnp.sum(bits * w, dtype=jnp.uint32)])
 
   return [sums(x) for x in leaves]

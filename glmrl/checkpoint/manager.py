@@ -108,16 +108,19 @@ def check_adapters(directory: str, adapters: dict | None, has_steps: bool, file:
                           f"this run is full fine-tuning ({section}.rank=0): set the same {section}, or use a "
                           "new --workdir")
   base, run_base = recorded.get("base") or {}, adapters.get("base") or {}
-  if fingerprint_lib.is_legacy(base.get("fingerprint")) and base.get("checkpoint_dir") == run_base.get(
-      "checkpoint_dir") and {**recorded, "base": None} == {**adapters, "base": None}:
-    logging.warning("%s records its base's fingerprint in the earlier, rounded-float form, whose rounding differs "
-                    "between CPUs: the base is checked by its checkpoint_dir only (%s), and the record is rewritten "
-                    "in the exact form", path, base.get("checkpoint_dir"))
-    return
-  if base != run_base:
+  # A fingerprint in the earlier, rounded-float form rounds differently from one CPU to another: such a base is
+  # checked by its folder alone (and the record is rewritten in the exact form after this check).
+  legacy = fingerprint_lib.is_legacy(base.get("fingerprint"))
+  if base != run_base and not (legacy and base.get("checkpoint_dir") == run_base.get("checkpoint_dir")):
     raise CheckpointError(f"refusing to resume: the adapters in {directory} were trained on the base "
                           f"{recorded.get('base')} ({path}), this run's base is {adapters.get('base')}; "
                           "point config.model.checkpoint_dir at the base they were trained on, or use a new --workdir")
+  if {**recorded, "base": None} == {**adapters, "base": None}:
+    if legacy:
+      logging.warning("%s records its base's fingerprint in the earlier, rounded-float form, whose rounding "
+                      "differs between CPUs: the base is checked by its checkpoint_dir only (%s)", path,
+                      base.get("checkpoint_dir"))
+    return
   diff = sorted(k for k in set(recorded) | set(adapters) if recorded.get(k) != adapters.get(k))
   raise CheckpointError(f"{directory} holds adapters with other settings ({path}): "
                         + ", ".join(f"{k} {recorded.get(k)!r} there, {adapters.get(k)!r} here" for k in diff))
