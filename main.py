@@ -34,6 +34,7 @@ from glmrl import config_checks
 from glmrl import distributed
 from glmrl.checkpoint.signals import StopSignal
 from glmrl.errors import UserError
+from glmrl.train.workdir import layout_problem
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "demo.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and samples.", required=True)
@@ -153,6 +154,9 @@ def _check_workdir(workdir: str) -> None:
     parent = os.path.dirname(parent)
   if not os.path.isdir(parent) or not os.access(parent if not os.path.isdir(workdir) else workdir, os.W_OK):
     _fail(f"--workdir={workdir}: not writable")
+  problem = os.path.isdir(workdir) and layout_problem(workdir)
+  if problem:
+    _fail(problem)
 
 
 def main(argv):

@@ -156,6 +156,26 @@ def test_bad_workdir_fails_in_one_line(workdir, message, tmp_path):
   assert os.listdir(tmp_path) == ["a_file"]
 
 
+def _garbage_step(work):
+  (work / "checkpoints" / "5").mkdir(parents=True)
+  (work / "checkpoints" / "5" / "x").write_bytes(os.urandom(5000))
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda w: (w / "checkpoints").write_text(""), "checkpoints is a file; runs keep their training checkpoints in a folder"),
+    (lambda w: (w / "metrics.jsonl").mkdir(), "metrics.jsonl is a folder; runs keep their per-step metrics in a file"),
+    (_garbage_step, "is complete: step 5: FileNotFoundError"),
+], ids=["checkpoints_file", "metrics_folder", "garbage_step"])
+def test_a_workdir_holding_the_wrong_things_fails_in_one_line_and_is_left_as_it_was(make, message, tmp_path):
+  """Never "already complete" without a step that reads (a garbage folder named 5 against num_steps=2)."""
+  work = tmp_path / "work"
+  work.mkdir()
+  make(work)
+  before = sorted(str(p.relative_to(work)) for p in work.rglob("*"))
+  assert_one_line_error(run_main("--config=configs/demo.py", "--config.train.num_steps=2", tmp_path=work), message)
+  assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == before
+
+
 @pytest.mark.parametrize("config,flag,model", [
     ("configs/demo.py", "--config.lora.targets=nomatch", "GlmImageAR"),
     ("configs/demo_decoder.py", "--config.decoder.lora.targets=nomatch", "GlmImageDiT")])

@@ -13,6 +13,7 @@ from glmrl import sharding as sharding_lib
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
 from glmrl.checkpoint.lock import WorkdirLock
 from glmrl.checkpoint.manager import AR_CONFIG_FILE, DIT_CONFIG_FILE, saved_steps
+from glmrl.checkpoint.step_files import newest_is_complete
 from glmrl.errors import UserError
 from glmrl.evaluation import monitors
 from glmrl.logging import run_writer
@@ -200,7 +201,8 @@ def train(config, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   num_steps = config.train.num_steps
   saved = saved_steps(workdir)
-  if saved and saved[-1] >= num_steps:
+  # Only a step that reads is a finished run; an incomplete newer one is set aside by the restore.
+  if newest_is_complete(os.path.join(workdir, "checkpoints"), saved) and saved[-1] >= num_steps:
     logging.info("already complete: %s holds step %d of %d; raise --config.train.num_steps to train further",
                  os.path.join(workdir, "checkpoints"), saved[-1], num_steps)
     return {"step": saved[-1], "last": {}, "stopped_by": None}

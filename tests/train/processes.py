@@ -56,8 +56,9 @@ def launch(workdir, *flags, processes: int = 2, devices: int = 4, timeout: int =
         raise AssertionError("timed out: " + " | ".join(f"process {i}: {out[-2000:]}"
                                                        for i, out in enumerate(outputs()))) from None
     outs = outputs()
-    for i, (p, out) in enumerate(zip(procs, outs)):
-      assert p.returncode == 0, f"process {i}: {out[-3000:]}"
+    # Every process's tail when one failed: the first to fail says why, the others only that a peer went away.
+    assert all(p.returncode == 0 for p in procs), " | ".join(
+        f"process {i} (exit {p.returncode}): {out[-3000:]}" for i, (p, out) in enumerate(zip(procs, outs)))
     return outs
   finally:
     for p, log in zip(procs, logs):
