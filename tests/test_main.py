@@ -55,7 +55,7 @@ def assert_one_line_error(result, message, within: float | None = 30):
     ("--config.rewards[0].name=target_psnr", "demo_prompts.txt:1: reward 'target_psnr' needs 'target_image' on every "
                                              "prompt"),
     ("--config.rewards=({'name': 'remote', 'weight': 1.0, 'kwargs': {'url': 'http://127.0.0.1:1/score'}},)",
-     "reward server http://127.0.0.1:1/score: nothing answers at http://127.0.0.1:1/health"),
+     "reward server http://127.0.0.1:1/score (start-up check): failed after 4 attempt(s); last error: connection failed"),
     ("--config.rewards=({'name': 'remote', 'weight': 1.0, 'kwargs': {'url': 'localhost:8000/score'}},)",
      "reward server url='localhost:8000/score' must be an http(s) URL"),
     ("--config.rewards=()", "config.rewards=(): must be a non-empty list"),
@@ -119,7 +119,7 @@ def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_pat
     (("--config=configs/demo_decoder.py:nft", "--use_ema"), "--use_ema=True: --mode=train takes no --use_ema"),
     (("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=geneval:4",
       "--config.rewards=({'name': 'geneval', 'weight': 1.0, 'kwargs': {'url': 'http://127.0.0.1:1/score'}},)"),
-     "reward server http://127.0.0.1:1/score: nothing answers at http://127.0.0.1:1/health"),
+     "reward server http://127.0.0.1:1/score (start-up check): failed after 4 attempt(s); last error: connection failed"),
 ])
 def test_bad_decoder_settings_fail_in_one_line_before_any_work(flags, message, tmp_path):
   """(And the evaluation's detector that refuses: GenEval on its benchmark, the training prompts unread.)"""
@@ -270,6 +270,39 @@ def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_pa
   assert json.loads((tmp_path / "config.json").read_text())["checkpoint"]["save_interval"] == 2
   assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3, 4]
   assert _rows(tmp_path)[-1]["reward/mean"] != 0.0
+
+
+def test_a_reward_server_that_stops_answering_ends_the_run_in_one_line_with_its_steps_saved(tmp_path):
+  """A server answering the start-up check and two steps, then HTTP 500: the run ends at step 3 in one line
+  naming the server and the saved step 2 (save_interval 10 would have kept none); the rerun resumes there."""
+  import threading
+
+  from glmrl.rewards import server as server_lib
+
+  calls = []
+
+  def failing_after_two_steps(images, prompts, metadata):
+    calls.append(len(images))
+    if len(calls) > 3:  # the start-up check, steps 1 and 2 (one request each: chunk_size holds a step)
+      raise RuntimeError("scorer lost its GPU")
+    return server_lib.brightness(images, prompts, metadata)
+
+  server = server_lib.RewardServer(failing_after_two_steps, port=0)
+  threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+  rewards = (f"--config.rewards=({{'name': 'remote', 'weight': 1.0, 'kwargs': {{'url': '{server.url}', "
+             "'retries': 1, 'backoff_s': 0.0, 'chunk_size': 64}},)")
+  args = ("--config=configs/demo.py", rewards, "--config.checkpoint.save_interval=10", "--config.log.image_interval=0")
+  try:
+    result = run_main(*args, "--config.train.num_steps=4", tmp_path=tmp_path, timeout=600)
+    assert_one_line_error(result, f"reward server {server.url} (images 0..", within=None)
+    assert "RuntimeError: scorer lost its GPU" in result.stderr
+    assert f"step 2 is saved in {tmp_path / 'checkpoints'}: rerun once the server answers" in result.stderr
+    assert "attempt 1 of 2 failed" in result.stderr  # the retry said so
+    assert max(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == 2
+    assert [r["step"] for r in _rows(tmp_path)] == [1, 2]
+  finally:
+    server.shutdown()
+    server.server_close()
 
 
 def test_demo_with_lora_adapters_learns(tmp_path):

@@ -105,7 +105,7 @@ def geneval_factory(url: str, *, timeout_s: float = 120.0, retries: int = 3, bac
   (metadata "category", "include", "exclude"), else 0.0."""
   client = RemoteRewardClient(url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
                               max_backoff_s=max_backoff_s, chunk_size=chunk_size, max_workers=max_workers)
-  client.probe()
+  client.probe("detections")
 
   def geneval_reward(images, prompts, metadata):
     n = np.shape(images)[0]

@@ -59,7 +59,7 @@ def _factory(name: str):
     client = RemoteRewardClient(url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
                                 max_backoff_s=max_backoff_s, chunk_size=chunk_size, max_workers=max_workers,
                                 metadata_keys=tuple(metadata_keys))
-    client.probe()
+    client.probe("texts")
 
     def reward(images, prompts, metadata):
       targets = list((metadata or {}).get("text", ()))

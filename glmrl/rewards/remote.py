@@ -14,7 +14,10 @@ still failing after `retries` retries raise `RemoteRewardError` naming the serve
 what was wrong. There is no fallback score.
 
 `timeout_s` bounds each socket operation (connect, and each read of the answer), not the request
-as a whole.
+as a whole. Each retry is one warning line.
+
+Every reward built on this client checks its server before any model is built (`probe`): one request
+of one tiny image, answered and parsed as in training, with a shorter timeout per attempt.
 
 Registered reward `remote` (host-side, model-backed: the client is built once from the config):
 
@@ -40,6 +43,7 @@ import urllib.request
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from absl import logging
 from PIL import Image
 
 from glmrl.errors import UserError
@@ -47,12 +51,16 @@ from glmrl.rewards.registry import check_images, register_factory
 from glmrl.rewards.server import check_detection
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# Each attempt of the start-up check (`probe`) waits this long at most: a run learns of a server that never
+# answers before it builds its models, not minutes into its first step.
+PROBE_TIMEOUT_S = 20.0
 # The server's error text quoted in our errors is cut here so a huge HTML error page stays readable.
 _QUOTE_CHARS = 500
 
 
-class RemoteRewardError(RuntimeError):
-  """A reward server failed or answered something unusable; the training step must not go on."""
+class RemoteRewardError(UserError):
+  """A reward server failed or answered something unusable; the training step must not go on. Reported as one
+  line, like bad input: the message names the server and what it answered."""
 
 
 class _Retryable(Exception):
@@ -167,16 +175,19 @@ class RemoteRewardClient:
       # On a failure, queued chunks are dropped rather than sent.
       pool.shutdown(wait=True, cancel_futures=True)
 
-  def _send(self, chunk: _Chunk, key: str) -> list:
-    where = f"reward server {self.url} (images {chunk.start}..{chunk.stop - 1})"
+  def _send(self, chunk: _Chunk, key: str, timeout_s: float | None = None, what: str | None = None) -> list:
+    where = f"reward server {self.url} ({what or f'images {chunk.start}..{chunk.stop - 1}'})"
     body = json.dumps({"images": [encode_png(im) for im in chunk.images], "prompts": chunk.prompts,
                        "metadata": chunk.metadata}).encode("utf-8")
     last = ""
     for attempt in range(self.retries + 1):
       if attempt:
-        time.sleep(min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)))
+        wait = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        logging.warning("%s: attempt %d of %d failed (%s); retrying in %g s", where, attempt, self.retries + 1,
+                        last, wait)
+        time.sleep(wait)
       try:
-        status, raw = self._post(body)
+        status, raw = self._post(body, timeout_s or self.timeout_s)
       except _Retryable as e:
         last = str(e)
         continue
@@ -189,27 +200,25 @@ class RemoteRewardClient:
       raise RemoteRewardError(f"{where}: HTTP {status}: {message}")
     raise RemoteRewardError(f"{where}: failed after {self.retries + 1} attempt(s); last error: {last}")
 
-  def probe(self, timeout_s: float = 5.0) -> None:
-    """UserError unless something answers HTTP at the server's address (GET /health; any status counts, a
-    server of one's own need not implement it): a run checks its reward servers before building models."""
-    parsed = urllib.parse.urlparse(self.url)
-    health = f"{parsed.scheme}://{parsed.netloc}/health"
+  def probe(self, key: str) -> None:
+    """One real request before any model is built: a tiny gray image (with the configured metadata keys, null),
+    sent with at most `PROBE_TIMEOUT_S` per attempt, its answer parsed as training parses one (`key`: "scores",
+    "texts" or "detections"). Each failed attempt is one warning line; RemoteRewardError naming the server and what it
+    answered when none succeeds."""
+    chunk = _Chunk(0, 1, np.full((1, 32, 32, 3), 128, np.uint8), ["glmrl start-up check"],
+                   [{k: None for k in self.metadata_keys}])
     try:
-      with urllib.request.urlopen(health, timeout=min(timeout_s, self.timeout_s)):
-        return
-    except urllib.error.HTTPError as e:
-      e.close()
-      return
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-      reason = getattr(e, "reason", e)
-      raise UserError(f"reward server {self.url}: nothing answers at {health} ({reason}); start the server "
-                      "(python -m glmrl.rewards.server ...) or fix the url") from None
+      self._send(chunk, key, timeout_s=min(self.timeout_s, PROBE_TIMEOUT_S), what="start-up check")
+    except RemoteRewardError as e:
+      hint = ("start the server (python -m glmrl.rewards.server ...) or fix the url" if "connection failed" in str(e)
+              else f"the server must answer the protocol of glmrl.rewards.remote with a {key!r} list")
+      raise RemoteRewardError(f"{e}; {hint}") from None
 
-  def _post(self, body: bytes) -> tuple[int, bytes]:
+  def _post(self, body: bytes, timeout_s: float) -> tuple[int, bytes]:
     req = urllib.request.Request(self.url, data=body, method="POST",
                                  headers={"Content-Type": "application/json", "Accept": "application/json"})
     try:
-      with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+      with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return resp.status, resp.read()
     except urllib.error.HTTPError as e:
       try:
@@ -219,10 +228,10 @@ class RemoteRewardClient:
       finally:
         e.close()
     except (socket.timeout, TimeoutError) as e:
-      raise _Retryable(f"timed out after {self.timeout_s:g} s ({e})") from e
+      raise _Retryable(f"timed out after {timeout_s:g} s ({e})") from e
     except urllib.error.URLError as e:
       if isinstance(e.reason, (socket.timeout, TimeoutError)):
-        raise _Retryable(f"timed out after {self.timeout_s:g} s ({e.reason})") from e
+        raise _Retryable(f"timed out after {timeout_s:g} s ({e.reason})") from e
       raise _Retryable(f"connection failed: {e.reason}") from e
     except (ConnectionError, http.client.HTTPException, OSError) as e:
       raise _Retryable(f"connection failed: {type(e).__name__}: {e}") from e
@@ -272,7 +281,7 @@ def remote_reward_factory(url: str, *, timeout_s: float = 60.0, retries: int = 3
   client = RemoteRewardClient(url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
                               max_backoff_s=max_backoff_s, chunk_size=chunk_size, max_workers=max_workers,
                               metadata_keys=tuple(metadata_keys))
-  client.probe()
+  client.probe("scores")
 
   def remote(images, prompts, metadata):
     return client.score(images, prompts, metadata)

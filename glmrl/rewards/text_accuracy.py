@@ -119,7 +119,7 @@ def text_accuracy_factory(url: str, *, match: str = "flow_grpo", no_text_score: 
   client = RemoteRewardClient(url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
                               max_backoff_s=max_backoff_s, chunk_size=chunk_size, max_workers=max_workers,
                               metadata_keys=tuple(metadata_keys))
-  client.probe()
+  client.probe("texts")
 
   def text_accuracy_reward(images, prompts, metadata):
     if isinstance(prompts, str) or prompts is None:

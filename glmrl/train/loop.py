@@ -18,6 +18,7 @@ from glmrl.errors import UserError
 from glmrl.evaluation import monitors
 from glmrl.logging import run_writer
 from glmrl.logging.progress import Progress, console
+from glmrl.rewards.remote import RemoteRewardError
 from glmrl.train import evaluate as evaluate_lib
 from glmrl.train import resolved_config
 from glmrl.train import rollout as rollout_lib
@@ -126,12 +127,17 @@ class Trainer:
     """One rollout batch and every trained policy's updates; returns the logged scalars."""
     cfg, run = self.config, self.run
     t0 = time.perf_counter()
+    data_state = run.iterator.state()
     data_batch = next(run.iterator)
     # Keys derive from (seed, step): a resumed run draws what an uninterrupted one would.
     key = jax.random.fold_in(self.root_key, self.step_index)
-    collected = rollout_lib.collect(run, data_batch, key,
-                                    {n: run.policies[n].rollout_trainable(s) for n, s in self.states.items()},
-                                    self.step_index)
+    try:
+      collected = rollout_lib.collect(run, data_batch, key,
+                                      {n: run.policies[n].rollout_trainable(s) for n, s in self.states.items()},
+                                      self.step_index)
+    except RemoteRewardError:
+      run.iterator.restore(data_state)  # the unfinished step's prompts come first again on resume
+      raise
     extra, timings = dict(collected.metrics), collected.timings
     extra.update(monitors.image_monitors(collected.images, run.request.images_per_prompt))
     t1 = time.perf_counter()
@@ -247,6 +253,14 @@ def _train(config, workdir: str, stop: StopSignal) -> dict:
         logging.warning("stopping at step %d on %s", trainer.step_index, stopped_by)
         break
     trainer.save(force=True)
+  except RemoteRewardError as e:
+    # A reward server gone mid-run: the finished steps are kept. With several processes the others wait for
+    # this one at a collective (jax.distributed ends them), so a save, itself collective, cannot be made.
+    if jax.process_count() > 1 or not trainer.step_index:
+      raise
+    trainer.save(force=True)
+    raise RemoteRewardError(f"{e}; step {trainer.step_index} is saved in {trainer.checkpointer.directory}: "
+                            "rerun once the server answers to resume") from None
   finally:
     trainer.close()
   console(f"{progress.summary(trainer.step_index, trainer.checkpointer.directory, stopped_by)}; config in "

@@ -112,14 +112,12 @@ def test_reward_through_a_detector_server():
 
 
 def test_down_slow_and_garbage_detectors_are_errors():
-  with pytest.raises(UserError, match="nothing answers"):
-    rewards.get("geneval").build(url="http://127.0.0.1:1/score")
-  images = np.zeros((2, 16, 16, 3), np.uint8)
+  # Each found when the reward is built, by its start-up request.
+  with pytest.raises(UserError, match="start-up check.*connection failed.*start the server"):
+    rewards.get("geneval").build(url="http://127.0.0.1:1/score", retries=0)
   with detector(lambda i: [det("cat")], delay=1.0) as url:
-    fn = rewards.get("geneval").build(url=url, timeout_s=0.2, retries=0).fn
     with pytest.raises(RemoteRewardError, match="timed out"):
-      fn(images, ["a", "b"], metadata())
+      rewards.get("geneval").build(url=url, timeout_s=0.2, retries=0)
   with detector(lambda i: [{"class": "cat", "score": "high", "box": [0, 0, 1, 1]}]) as url:
-    fn = rewards.get("geneval").build(url=url, retries=0).fn
     with pytest.raises(RemoteRewardError, match="score='high' is not a finite number"):
-      fn(images, ["a", "b"], metadata())
+      rewards.get("geneval").build(url=url, retries=0)

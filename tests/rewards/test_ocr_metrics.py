@@ -56,5 +56,6 @@ def test_both_rewards_through_an_ocr_server():
 
 
 def test_a_server_that_is_down_is_an_error():
-  with pytest.raises(UserError, match="nothing answers"):
-    rewards.RewardComposer([{"name": "ocr_ned", "weight": 1.0, "kwargs": {"url": "http://127.0.0.1:1/score"}}])
+  with pytest.raises(UserError, match="start-up check.*connection failed.*start the server"):
+    rewards.RewardComposer([{"name": "ocr_ned", "weight": 1.0,
+                             "kwargs": {"url": "http://127.0.0.1:1/score", "retries": 0}}])

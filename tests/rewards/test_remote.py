@@ -25,6 +25,7 @@ from PIL import Image
 
 from glmrl import rewards
 from glmrl.rewards import server as server_lib
+from glmrl.errors import UserError
 from glmrl.rewards.remote import RemoteRewardClient, RemoteRewardError, encode_png
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -312,3 +313,59 @@ def test_cli_serves_example_scorer(images):
   finally:
     proc.terminate()
     proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("factory,kwargs,key", [
+    ("remote", {}, "scores"), ("text_accuracy", {}, "texts"), ("ocr_word_accuracy", {}, "texts"),
+    ("geneval", {}, "detections")])
+def test_every_server_backed_reward_checks_its_server_with_a_real_request_when_built(factory, kwargs, key):
+  """Before any model: a server answering 200 with garbage (its /health fine) is refused in one request (a parse
+  error is not retried), naming the server, the check and the answer; a correct answer builds the reward."""
+  with raw_server([(200, b"<html>hello</html>")]) as (url, calls):
+    with pytest.raises(UserError, match=rf"reward server {url} \(start-up check\): answer is not JSON .*hello.*; "
+                       rf"the server must answer the protocol of glmrl.rewards.remote with a '{key}' list"):
+      rewards.get(factory).build(url=url, retries=3, **FAST, **kwargs)
+  assert calls == [200]
+  good = {"scores": b'{"scores": [0.5]}', "texts": b'{"texts": ["hi"]}', "detections": b'{"detections": [[]]}'}
+  with raw_server([(200, good[key])]) as (url, calls):
+    rewards.get(factory).build(url=url, **FAST, **kwargs)
+  assert calls == [200]
+
+
+def test_the_start_up_check_sends_the_metadata_keys_and_says_each_retry_on_one_line(caplog):
+  seen = []
+
+  def scorer(imgs, prompts, metadata):
+    seen.append((len(imgs), imgs[0].shape, metadata))
+    return [0.0] * len(imgs)
+
+  with serving(scorer) as server:
+    RemoteRewardClient(server.url, metadata_keys=["tag"], **FAST).probe("scores")
+  assert seen == [(1, (32, 32, 3), [{"tag": None}])]
+  with raw_server([(503, b"busy"), (503, b"busy"), (200, b'{"scores": [1]}')]) as (url, calls):
+    with caplog.at_level("WARNING"):
+      RemoteRewardClient(url, retries=2, **FAST).probe("scores")
+  retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+  assert retries == [f"reward server {url} (start-up check): attempt {i} of 3 failed (HTTP 503: b'busy'); "
+                     "retrying in 0 s" for i in (1, 2)], retries
+  assert calls == [503, 503, 200]
+
+
+def test_the_start_up_check_waits_less_than_a_training_request():
+  """A server that accepts the connection and never answers: each attempt of the check ends at PROBE_TIMEOUT_S
+  (shortened here), not at the client's timeout_s."""
+  import socket
+  from glmrl.rewards import remote
+
+  with socket.socket() as listener:
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)  # accepted by the kernel, never read or answered
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/score"
+    old, remote.PROBE_TIMEOUT_S = remote.PROBE_TIMEOUT_S, 0.3
+    try:
+      start = time.monotonic()
+      with pytest.raises(UserError, match=r"failed after 2 attempt\(s\); last error: timed out after 0.3 s"):
+        RemoteRewardClient(url, timeout_s=60.0, retries=1, **FAST).probe("scores")
+      assert time.monotonic() - start < 5
+    finally:
+      remote.PROBE_TIMEOUT_S = old
