@@ -23,9 +23,11 @@ import os
 import re
 import signal
 import sys
+import traceback
 
 from absl import app
 from absl import flags
+import ml_collections
 from ml_collections import config_flags
 
 import glmrl  # noqa: F401  (library-wide settings)
@@ -88,22 +90,50 @@ def _root_cause(error: BaseException) -> BaseException:
     error = nxt
 
 
+def _raised_in_config_file(error: BaseException, argv) -> str | None:
+  """'file:line: Type: message' when the config file itself raised (an import it lacks, its own bug, a key it
+  misspells), read off the innermost frame of that file in the error's chain; None for the command line's errors."""
+  target = os.path.abspath(_config_path(argv) or _DEFAULT_CONFIG)
+  seen, err = set(), error
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if os.path.abspath(f.filename) == target]
+    if frames:
+      text = str(err).splitlines()[0] if str(err) else ""
+      if isinstance(err, (AttributeError, KeyError)):
+        _, missing, suggestion = _missing_key(err)
+        text = f"the config has no key {missing!r}" + (f" (did you mean {suggestion!r}?)" if suggestion else "")
+      return f"{frames[-1].filename}:{frames[-1].lineno}: {type(err).__name__}: {text} (raised by the config file)"
+    err = err.__cause__ or err.__context__
+  return None
+
+
+def _missing_key(error: BaseException) -> tuple[str, str, str | None]:
+  """(text, missing key, ml_collections' suggestion or None) of a ConfigDict's AttributeError(KeyError(text))."""
+  text = error
+  while isinstance(text, BaseException):
+    text = text.args[0] if text.args else str(text)
+  text = str(text)
+  match = re.match(r"'([^']+)'(?:\nDid you mean \"([^\"]+)\")?", text)
+  return (text, match.group(1), match.group(2)) if match else (text, text, None)
+
+
 def _unknown_key_message(error: BaseException, argv) -> str:
   """One line for a --config.<key> the config lacks, with ml_collections' "did you mean" when it has one."""
   if isinstance(error, IndexError):
     indexed = [a.split("=")[0] for a in argv if a.startswith("--config.") and "[" in a.split("=")[0]]
     return f"{' '.join(indexed) or ' '.join(argv[1:])}: no such entry in the config's list ({error})"
-  text = error
-  while isinstance(text, BaseException):  # AttributeError(KeyError(message))
-    text = text.args[0] if text.args else str(text)
-  text = str(text)
-  match = re.match(r"'([^']+)'(?:\nDid you mean \"([^\"]+)\")?", text)
-  missing, suggestion = (match.group(1), match.group(2)) if match else (text, None)
+  text, missing, suggestion = _missing_key(error)
   if "config_config" in text:  # what config_flags looks up when the file has no get_config
     return f"{_config_path(argv) or _DEFAULT_CONFIG}: defines no get_config(arg) function"
   bad = [a for a in argv if a.startswith("--config.") and f".{missing}" in a.split("=")[0]]
   hint = f"did you mean {suggestion!r}?" if suggestion else "all keys: configs/common.py"
   return f"unknown config key {missing!r} in {' '.join(bad) or ' '.join(argv[1:])}: the config defines no such key ({hint})"
+
+
+def _not_a_config(argv, config) -> str:
+  return (f"--config={_config_path(argv) or _DEFAULT_CONFIG}: get_config() returned {type(config).__name__}, not an "
+          "ml_collections.ConfigDict (start from configs/common.py's get_config() and set its fields)")
 
 
 def _parse_flags(argv):
@@ -112,14 +142,24 @@ def _parse_flags(argv):
   if path is not None and not os.path.isfile(path):
     _fail(f"--config={path}: no such file" + (" (a folder)" if os.path.isdir(path) else ""))
   try:
-    parsed = flags.FLAGS(argv)
-    _CONFIG.value  # pylint: disable=pointless-statement  # loads the file: its errors surface here
-    return parsed
+    try:
+      parsed = flags.FLAGS(argv)
+      config = _CONFIG.value  # loads the file: its errors surface here
+      if not isinstance(config, ml_collections.ConfigDict):
+        _fail(_not_a_config(argv, config))
+      return parsed
+    except Exception as e:  # pylint: disable=broad-except  # the config file's own error, at its line
+      raised = _raised_in_config_file(e, argv)
+      if raised:
+        _fail(raised)
+      raise
   except SyntaxError as e:
     _fail(f"{e.filename}:{e.lineno}: {e.msg} (a syntax error in the config file)")
   except (AttributeError, KeyError, IndexError) as e:
     _fail(_unknown_key_message(e, argv))
   except flags.Error as e:
+    if "Unexpected None value for flag config" in str(e):
+      _fail(_not_a_config(argv, None))
     root = _root_cause(e)
     if root is not e and "Error whilst parsing config file" in str(e):  # the config file's own error
       if isinstance(root, SyntaxError):

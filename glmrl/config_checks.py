@@ -10,6 +10,7 @@ a few rules that span fields are checked last. Each message names the full key, 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from typing import Any, Callable
@@ -260,9 +261,13 @@ def _check_rewards(rewards, where: str = "config.rewards", need_kwargs: bool = T
     _check(isinstance(entry.get("normalize", False), bool), f"{key}.normalize", entry.get("normalize"),
            "must be True or False")
     _check(isinstance(entry.get("kwargs") or {}, dict), f"{key}.kwargs", entry.get("kwargs"), "must be a mapping")
-    for name, value in (entry.get("kwargs") or {}).items():
+    kwargs = entry.get("kwargs") or {}
+    for name, value in kwargs.items():
       if value is None and need_kwargs:
         raise ConfigError(f"{key}.kwargs.{name} is required but has no value (pass --{key}.kwargs.{name}=...)")
+    problem = rewards_lib.get(entry["name"]).kwargs_problem(kwargs, complete=need_kwargs)
+    if problem:
+      raise ConfigError(f"{key}.kwargs: {problem}")
 
 
 def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
@@ -327,7 +332,10 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
   values = leaves(cfg)
   unchecked = sorted(set(values) - set(RULES))
   if unchecked:
-    raise ConfigError(f"config.{unchecked[0]} has no validation rule in glmrl/config_checks.py (RULES)")
+    # A key the defaults lack: a config file set a misspelt name (or a new field lacks its rule here).
+    close = difflib.get_close_matches(unchecked[0], list(RULES), n=1, cutoff=0.75)
+    raise ConfigError(f"config.{unchecked[0]} is not a config key"
+                      + (f" (did you mean config.{close[0]}?)" if close else " (all keys: configs/common.py)"))
   _check(mode in MODES, "--mode", mode, f"must be one of {list(MODES)}")
   # Compiling needs shapes only: no prompts are read and no weights (without a checkpoint: the preset's).
   unread = ("data.prompts_file", "model.checkpoint_dir") if mode == "compile" else ()

@@ -56,6 +56,11 @@ def assert_one_line_error(result, message, within: float | None = 30):
                                              "prompt"),
     ("--config.rewards=({'name': 'remote', 'weight': 1.0, 'kwargs': {'url': 'http://127.0.0.1:1/score'}},)",
      "reward server http://127.0.0.1:1/score (start-up check): failed after 4 attempt(s); last error: connection failed"),
+    ("--config.rewards=({'name': 'brightness', 'weight': 1.0, 'kwargs': {'bogus': 1}},)",
+     "config.rewards[0].kwargs: reward 'brightness' takes no argument 'bogus'; it takes none"),
+    ("--config.rewards=({'name': 'clip_score', 'weight': 1.0},)",
+     "config.rewards[0].kwargs: reward 'clip_score' needs 'ckpt_dir' (it takes ['ckpt_dir', 'scale', "
+     "'tokenizer_dir'])"),
     ("--config.rewards=({'name': 'remote', 'weight': 1.0, 'kwargs': {'url': 'localhost:8000/score'}},)",
      "reward server url='localhost:8000/score' must be an http(s) URL"),
     ("--config.rewards=()", "config.rewards=(): must be a non-empty list"),
@@ -137,6 +142,20 @@ def test_bad_decoder_settings_fail_in_one_line_before_any_work(flags, message, t
     (None, "--config=configs/glm_image_t2i.py:huge", "unknown config argument 'huge'; expected nothing or 'tiny'"),
     ("def get_config(:\n", "", ":1: invalid syntax (a syntax error in the config file)"),
     ("x = 1\n", "", ": defines no get_config(arg) function"),
+    ("import glmrl_nosuch\n", "", "my_config.py:1: ModuleNotFoundError: No module named 'glmrl_nosuch' (raised by the "
+                                   "config file)"),
+    ("def get_config(arg=None):\n  raise RuntimeError('boom')\n", "", "my_config.py:2: RuntimeError: boom"),
+    ("from configs import demo\ndef get_config(arg=None):\n  c = demo.get_config()\n  c.optm.learning_rate = 1.0\n"
+     "  return c\n", "", "my_config.py:4: AttributeError: the config has no key 'optm' (did you mean 'optim'?)"),
+    ("from configs import demo\ndef get_config(arg=None):\n  c = demo.get_config()\n  c.optim.lerning_rate = 1.0\n"
+     "  return c\n", "", "config.optim.lerning_rate is not a config key (did you mean config.optim.learning_rate?)"),
+    ("from configs import demo\ndef get_config(arg=None):\n  c = demo.get_config()\n"
+     "  c.optim.learning_rate = '1e-4'\n  return c\n", "", "my_config.py:4: TypeError: Could not override field "
+                                                          "'learning_rate'"),
+    ("def get_config(arg=None):\n  return None\n", "", "get_config() returned NoneType, not an "
+                                                       "ml_collections.ConfigDict"),
+    ("def get_config(arg=None):\n  return {'a': 1}\n", "", "get_config() returned dict, not an "
+                                                           "ml_collections.ConfigDict"),
 ])
 def test_bad_config_file_fails_in_one_line(config_text, arg, message, tmp_path):
   if config_text is not None:
@@ -193,6 +212,11 @@ def test_bad_prompt_file_names_file_and_line(tmp_path):
   result = run_main("--config=configs/demo.py", f"--config.data.prompts_file={prompts}", tmp_path=work)
   assert_one_line_error(result, f"{prompts}:2: bad JSON")
   assert not work.exists()
+  # One 2 MB word: the demo's tokenizer (built from the prompts' words) reads it as one token.
+  prompts.write_text('{"prompt": "a cat"}\n{"prompt": "' + "x" * 2_000_000 + '"}\n')
+  result = run_main("--config=configs/demo.py", f"--config.data.prompts_file={prompts}", tmp_path=work)
+  assert_one_line_error(result, f"{prompts}:2: the prompt has 2000000 characters, more than "
+                                "config.data.max_prompt_tokens=")
 
 
 @pytest.mark.parametrize("config,prompts", [("configs/glm_image_t2i.py", "configs/data/demo_prompts.txt"),

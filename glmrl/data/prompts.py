@@ -10,6 +10,7 @@ raises a PromptFileError (a ValueError) naming the file and the 1-based line, be
 import dataclasses
 import json
 import os
+import unicodedata
 from typing import Any, Mapping
 
 import numpy as np
@@ -78,7 +79,7 @@ def load_prompts(path: str | os.PathLike) -> list[PromptRecord]:
     if not text.strip():
       continue
     if ext == ".txt":
-      records.append(PromptRecord(prompt=text.strip(), line=lineno))
+      records.append(PromptRecord(prompt=_checked_text(text.strip(), where), line=lineno))
     else:
       records.append(_parse_json_line(text, where, lineno, base_dir))
   if not records:
@@ -89,7 +90,7 @@ def load_prompts(path: str | os.PathLike) -> list[PromptRecord]:
 
 def _parse_json_line(text: str, where: str, lineno: int, base_dir: str) -> PromptRecord:
   try:
-    obj = json.loads(text)
+    obj = json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(pairs, where))
   except json.JSONDecodeError as e:
     raise PromptFileError(f"{where}: bad JSON: {e}") from e
   if not isinstance(obj, dict):
@@ -104,6 +105,7 @@ def _parse_json_line(text: str, where: str, lineno: int, base_dir: str) -> Promp
     raise PromptFileError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
   if not prompt.strip():
     raise PromptFileError(f"{where}: 'prompt' is empty")
+  _checked_text(prompt, where)
 
   target = obj.get("target_image")
   if target is not None:
@@ -131,8 +133,29 @@ def _parse_json_line(text: str, where: str, lineno: int, base_dir: str) -> Promp
                       source_images=tuple(checked_sources), metadata=metadata)
 
 
+def _unique_keys(pairs: list, where: str) -> dict:
+  """A JSON object's pairs as a dict; a key given twice would keep only its last value silently."""
+  keys = [k for k, _ in pairs]
+  twice = sorted({k for k in keys if keys.count(k) > 1})
+  if twice:
+    raise PromptFileError(f"{where}: key(s) {twice} given more than once in one object")
+  return dict(pairs)
+
+
+def _checked_text(prompt: str, where: str) -> str:
+  """A prompt without control characters other than tab and newline (a NUL or an escape code is never meant)."""
+  bad = sorted({c for c in prompt if unicodedata.category(c) == "Cc" and c not in "\t\n"})
+  if bad:
+    at = min(prompt.index(c) for c in bad)
+    raise PromptFileError(f"{where}: the prompt holds control character(s) {', '.join(repr(c) for c in bad)} "
+                          f"(first at character {at}: {prompt[max(0, at - 20):at + 1]!r})")
+  return prompt
+
+
 def _checked_image_path(rel: str, base_dir: str, where: str, field: str) -> str:
   full = os.path.normpath(os.path.join(base_dir, os.path.expanduser(rel)))
+  if os.path.isdir(full):
+    raise PromptFileError(f"{where}: {field} {rel!r} is a folder ({full}); name one image file")
   if not os.path.isfile(full):
     raise PromptFileError(f"{where}: {field} {rel!r} not found (resolved to {full})")
   try:

@@ -16,7 +16,6 @@ host-side rewards run on fetched images, pure-JAX rewards and the weighted sum i
 program; the result stays on device. `__call__` is `score` fetched to numpy.
 """
 
-import inspect
 import math
 from typing import Any, Mapping, Sequence
 
@@ -95,15 +94,9 @@ class RewardComposer:
       kwargs = kwargs.to_dict()
     if not isinstance(kwargs, Mapping):
       raise ValueError(f"reward {reward.name!r}: kwargs={kwargs!r} must be a mapping")
-    try:
-      if reward.places_weights:
-        inspect.signature(reward.fn).bind(**kwargs, sharding=None)
-      elif reward.model_backed:
-        inspect.signature(reward.fn).bind(**kwargs)
-      else:
-        inspect.signature(reward.fn).bind(None, None, None, **kwargs)
-    except TypeError as e:
-      raise ValueError(f"reward {reward.name!r}: bad kwargs {dict(kwargs)!r}: {e}") from e
+    problem = reward.kwargs_problem(kwargs)
+    if problem:
+      raise ValueError(f"{problem} (kwargs {dict(kwargs)!r})")
     built = reward.build(self.sharding, **kwargs)
     return {"name": reward.name, "reward": reward, "weight": float(weight), "normalize": normalize,
             "kwargs": dict(kwargs), "fn": built.fn, "prepare": built.prepare}

@@ -60,6 +60,24 @@ class Reward:
                        "(RewardComposer does) and call the result")
     return self.fn(images, prompts, metadata, **kwargs)
 
+  def kwargs_problem(self, kwargs: Mapping[str, Any], *, complete: bool = True) -> str | None:
+    """Why `kwargs` cannot configure this reward (one line listing what it takes), or None. `complete`: every
+    argument without a default must be given (not when only the names are known, e.g. --mode=compile)."""
+    params = list(inspect.signature(self.fn).parameters.values())
+    if not self.model_backed:
+      params = params[3:]  # images, prompts, metadata
+    elif self.places_weights:
+      params = [p for p in params if p.name != "sharding"]  # the composer's, never the config's
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes = [p.name for p in named]
+    unknown = sorted(set(kwargs) - set(takes))
+    if unknown and not any(p.kind == p.VAR_KEYWORD for p in params):
+      return f"reward {self.name!r} takes no argument {', '.join(map(repr, unknown))}; it takes {takes or 'none'}"
+    missing = [p.name for p in named if p.default is p.empty and p.name not in kwargs]
+    if missing and complete:
+      return f"reward {self.name!r} needs {', '.join(map(repr, missing))} (it takes {takes})"
+    return None
+
   @property
   def places_weights(self) -> bool:
     """A model-backed reward whose factory takes `sharding` (where its weights go)."""

@@ -223,12 +223,24 @@ def reward_composer(config, mesh, rewards=None, group_size: int | None = None) -
                         sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
+MAX_CHARS_PER_TOKEN = 32
+
+
 def check_prompt_lengths(processor, records, path, config) -> None:
   """Every text-to-image prompt must fit the fixed prompt length (one compilation per run).
 
   Image-to-image prompts are checked when their images are tokenized (`GlmImagePipeline.prepare`).
   """
   limit = config.data.max_prompt_tokens
+  # Characters first: a tokenizer built from the prompts' own words (the demo's) reads any word as one token.
+  # Byte-level BPE tokenizers take about 4 characters of English per token; more than MAX_CHARS_PER_TOKEN times
+  # the budget cannot fit any real one.
+  long_chars = [r for r in records if len(r.prompt) > limit * MAX_CHARS_PER_TOKEN]
+  if long_chars:
+    r = long_chars[0]
+    raise UserError(f"{path}:{r.line}: the prompt has {len(r.prompt)} characters, more than "
+                    f"config.data.max_prompt_tokens={limit} tokens can hold ({MAX_CHARS_PER_TOKEN} characters "
+                    f"per token at most)")
   lengths = [(processor([r.prompt], config.data.height, config.data.width).input_ids.shape[1], r.line)
              for r in records if not r.source_images]
   too_long = [(n, line) for n, line in lengths if n > limit]

@@ -67,9 +67,14 @@ def test_jsonl_all_fields_and_relative_paths(tmp_path):
     ([{"prompt": "a", "source_images": ["corrupt.png"]}], 1, r"source_images\[0\] 'corrupt.png' is not a readable"),
     ([{"prompt": "a", "target_image": "text.png"}], 1, "target_image 'text.png' is not a readable image"),
     ([{"prompt": "a", "target_image": "good.png"}, {"prompt": "b"}], 2, "'target_image' is missing here"),
+    (['{"prompt": "a", "prompt": "b"}'], 1, r"key\(s\) \['prompt'\] given more than once"),
+    (['{"prompt": "a", "metadata": {"tag": 1, "tag": 2}}'], 1, r"key\(s\) \['tag'\] given more than once"),
+    ([{"prompt": "a cat\u0000 on a mat"}], 1, r"control character\(s\) '\\x00' \(first at character 5: 'a cat\\x00'\)"),
+    ([{"prompt": "a", "source_images": ["img"]}], 1, r"source_images\[0\] 'img' is a folder"),
 ])
 def test_jsonl_errors_name_file_and_line(tmp_path, rows, line, match):
   _png(tmp_path / "good.png")
+  (tmp_path / "img").mkdir()
   good = (tmp_path / "good.png").read_bytes()
   # Valid signature and header, damaged pixel data: only PIL's verify() notices.
   (tmp_path / "corrupt.png").write_bytes(good[:60] + bytes(b ^ 0xFF for b in good[60:120]) + good[120:])
@@ -128,3 +133,12 @@ def test_relative_paths_resolve_against_the_file_not_cwd(tmp_path, monkeypatch):
   p = _jsonl(tmp_path / "data" / "p.jsonl", [{"prompt": "a", "target_image": "t.png"}])
   monkeypatch.chdir(tmp_path)
   assert load_prompts(os.path.relpath(p))[0].target_image == str(tmp_path / "data" / "t.png")
+
+
+def test_txt_prompts_keep_tabs_and_refuse_other_control_characters(tmp_path):
+  (tmp_path / "p.txt").write_text("a\tcat\nan \x1b[31mowl\n")
+  with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'p.txt'}:2: the prompt holds control character(s) "
+                                                 "'\\x1b'")):
+    load_prompts(tmp_path / "p.txt")
+  (tmp_path / "p.txt").write_text("a\tcat\n")
+  assert load_prompts(tmp_path / "p.txt")[0].prompt == "a\tcat"

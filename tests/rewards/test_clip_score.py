@@ -89,7 +89,7 @@ def test_config_errors(setup, tmp_path):
   folder, _, _ = setup
   with pytest.raises(ValueError, match="scale=nan must be a finite number"):
     RewardComposer([{"name": "clip_score", "weight": 1.0, "kwargs": {"ckpt_dir": str(folder), "scale": float("nan")}}])
-  with pytest.raises(ValueError, match="bad kwargs"):
+  with pytest.raises(ValueError, match="reward 'clip_score' takes no argument 'ckpt'"):
     RewardComposer([{"name": "clip_score", "weight": 1.0, "kwargs": {"ckpt": str(folder)}}])
   with pytest.raises(ValueError, match="is not a directory"):
     RewardComposer([{"name": "clip_score", "weight": 1.0, "kwargs": {"ckpt_dir": str(tmp_path / "nope")}}])

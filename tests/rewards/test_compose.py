@@ -140,7 +140,7 @@ def test_config_dict_entries_are_accepted(batch):
     ([{"name": "brightness", "weight": 1.0, "normalize": 1}], None, "normalize=1 must be a bool"),
     ([{"name": "brightness", "weight": 1.0, "normalize": True}], None, "normalize=True, which needs group_size"),
     ([{"name": "jpeg_compressibility", "weight": 1.0, "kwargs": {"qualty": 5}}], None,
-     "'jpeg_compressibility': bad kwargs"),
+     "'jpeg_compressibility' takes no argument 'qualty'; it takes \\['quality'\\]"),
     ([{"name": "brightness", "weight": 1.0}, {"name": "brightness", "weight": 2.0}], None,
      r"lists \['brightness'\] more than once"),
     ([], None, "must be a non-empty list"),

@@ -222,7 +222,7 @@ def test_client_input_errors(images):
     client.score(images, ["a"] * 4, {"seed": list(range(5))})
   with pytest.raises(ValueError, match="must be uint8"):
     client.score(images.astype(np.float32), ["a"] * 5, {"seed": list(range(5))})
-  with pytest.raises(ValueError, match="bad kwargs"):
+  with pytest.raises(ValueError, match="reward 'remote' takes no argument 'timeout'; it takes \\['url', 'timeout_s'"):
     rewards.RewardComposer([{"name": "remote", "weight": 1.0, "kwargs": {"url": "http://h/s", "timeout": 1}}])
 
 
