@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from checkpoints_convert import cli
 from checkpoints_convert import flax_to_hf
 from checkpoints_convert import hf_to_flax
+from glmrl.errors import run_command
 
 
 def parse_args(argv):
@@ -46,10 +46,10 @@ def parse_args(argv):
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
   if args.to_hf:
-    return cli.run(lambda: flax_to_hf.export(args.ckpt_dir, args.hf_out_dir, step=args.step,
+    return run_command(lambda: flax_to_hf.export(args.ckpt_dir, args.hf_out_dir, step=args.step,
                                              source_dir=args.source_dir, max_shard_size=args.max_shard_size,
                                              merge_lora=args.merge_lora, use_ema=args.use_ema))
-  return cli.run(lambda: hf_to_flax.convert_pipeline(args.hf_dir, args.out_dir))
+  return run_command(lambda: hf_to_flax.convert_pipeline(args.hf_dir, args.out_dir))
 
 
 if __name__ == "__main__":

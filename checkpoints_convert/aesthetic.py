@@ -14,12 +14,12 @@ import sys
 import numpy as np
 from flax import nnx
 
-from checkpoints_convert import cli
 from checkpoints_convert import hf_to_flax
 from checkpoints_convert.maps.clip import AESTHETIC_RULES, AESTHETIC_TORCH_LINEARS
 from checkpoints_convert.rules import KeyMap
 from checkpoints_convert.torch_files import read_state_dict
 from glmrl.checkpoint.params import flatten
+from glmrl.errors import run_command
 from glmrl.models.clip.aesthetic import AestheticConfig, AestheticHead
 
 def config_from_state(state: dict[str, np.ndarray], where: str) -> AestheticConfig:
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     done = convert_aesthetic_head(args.pth, args.out_dir)
     return f"converted the aesthetic head: {done['tensors']} tensors, {done['bytes'] / 1e6:.2f} MB -> {args.out_dir}"
 
-  return cli.run(convert)
+  return run_command(convert)
 
 
 if __name__ == "__main__":

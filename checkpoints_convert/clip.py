@@ -22,9 +22,10 @@ from typing import Callable
 
 import numpy as np
 
-from checkpoints_convert import cli, components, hf_to_flax
+from checkpoints_convert import components, hf_to_flax
 from checkpoints_convert import safetensors_stream as st
 from glmrl.checkpoint.params import PARAMS_DIR
+from glmrl.errors import run_command
 
 # The name CLIP is registered under in `checkpoints_convert.components`.
 COMPONENT = "clip"
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
   p.add_argument("--hf_dir", required=True, help="HF CLIPModel folder (config.json + weights + tokenizer)")
   p.add_argument("--out_dir", required=True, help="where config.json, params/ and the tokenizer are written")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
-  return cli.run(lambda: convert_clip(args.hf_dir, args.out_dir))
+  return run_command(lambda: convert_clip(args.hf_dir, args.out_dir))
 
 
 if __name__ == "__main__":

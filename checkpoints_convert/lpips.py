@@ -20,12 +20,12 @@ import sys
 import numpy as np
 from flax import nnx
 
-from checkpoints_convert import cli
 from checkpoints_convert import hf_to_flax
 from checkpoints_convert.torch_files import read_state_dict
 from checkpoints_convert.maps import lpips as lpips_map
 from checkpoints_convert.rules import KeyMap
 from glmrl.checkpoint.params import flatten
+from glmrl.errors import run_command
 from glmrl.models.vgg import CONVS_PER_BLOCK, VGG16Config, torchvision_conv_indices
 from glmrl.models.lpips import LPIPS, LPIPSConfig
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     done = convert_lpips(args.vgg16, args.lpips, args.out_dir)
     return f"converted LPIPS-VGG16: {done['tensors']} tensors, {done['bytes'] / 1e6:.1f} MB -> {args.out_dir}"
 
-  return cli.run(convert)
+  return run_command(convert)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,26 @@
 """Errors in what the user gave (config, flags, prompt files, checkpoint folders).
 
 `main.py` prints a `UserError` as one line and exits with status 2; any other exception is a
-bug and keeps its traceback.
+bug and keeps its traceback. The other command-line tools follow the same rule (`run_command`).
 """
+
+import sys
+from typing import Callable
 
 
 class UserError(ValueError):
   """Bad input from the user; the message names the value and where it came from."""
+
+
+def run_command(work: Callable[[], object]) -> int:
+  """What every `python -m` entry point shares with main.py: bad input (a ValueError, UserError included, or an
+  OSError naming the file) is one `error:` line on stderr and exit status 2. Returns 0 after `work()`, printing
+  its result when that is a summary line (a str)."""
+  try:
+    summary = work()
+  except (ValueError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if isinstance(summary, str):
+    print(summary)
+  return 0

@@ -1,10 +1,10 @@
-"""Run logging: scalars (tensorboard, metrics.jsonl, console), captioned sample grids, metric plots."""
+"""Run logging: scalars (tensorboard, metrics.jsonl, console), captioned sample grids; metric plots in
+`glmrl.logging.plot` (not imported here: `python -m glmrl.logging.plot` runs that module as __main__)."""
 
 from glmrl.logging.images import make_grid
 from glmrl.logging.metrics import MetricsWriter, NullWriter, run_writer, sample_captions
-from glmrl.logging.plot import plot_metric, read_metric
 
-__all__ = ["MetricsWriter", "NullWriter", "make_grid", "plot_metric", "read_metric", "run_writer", "sample_captions"]
+__all__ = ["MetricsWriter", "NullWriter", "make_grid", "run_writer", "sample_captions"]
 
 
 def quiet_library_logs() -> None:

@@ -1,12 +1,15 @@
 """Line plots of metrics.jsonl (one metric against step, or several series on shared axes), drawn with PIL only
 (for the README)."""
 
+import difflib
 import json
 import math
 import os
+import sys
 
 from PIL import Image, ImageDraw
 
+from glmrl.errors import run_command
 from glmrl.logging.images import get_font
 
 _AXIS = (0, 0, 0)
@@ -36,7 +39,9 @@ def read_metric(metrics_jsonl_path: str | os.PathLike, key: str) -> tuple[list[f
       elif key in row:
         by_step.pop(row["step"], None)  # a later null overrides an earlier value of that step
   if not by_step:
-    raise ValueError(f"{path}: no finite values for key {key!r}; keys present: {sorted(keys_seen)}")
+    close = difflib.get_close_matches(key, sorted(keys_seen - {"step", key}), n=1)
+    raise ValueError(f"{path}: no finite values for key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                     + f"; keys present: {sorted(keys_seen)}")
   steps = sorted(by_step)
   return [float(s) for s in steps], [by_step[s] for s in steps]
 
@@ -152,14 +157,18 @@ def plot_series(series: dict, out_png: str | os.PathLike, *, xlabel: str, ylabel
   return out_png
 
 
-def main(argv=None) -> None:
-  """python -m glmrl.logging.plot WORKDIR/metrics.jsonl KEY OUT.png"""
-  import sys
+def main(argv=None) -> int:
+  """python -m glmrl.logging.plot WORKDIR/metrics.jsonl KEY OUT.png; prints the PNG's path."""
   args = sys.argv[1:] if argv is None else argv
   if len(args) != 3:
-    raise SystemExit("usage: python -m glmrl.logging.plot METRICS_JSONL KEY OUT_PNG")
-  print(plot_metric(args[0], args[1], args[2]))
+    return run_command(lambda: _usage(args))
+  return run_command(lambda: plot_metric(*args))
+
+
+def _usage(args):
+  raise ValueError(f"expected METRICS_JSONL KEY OUT_PNG, got {len(args)} argument(s) {args} "
+                   "(python -m glmrl.logging.plot WORKDIR/metrics.jsonl reward/mean out.png)")
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -28,7 +28,7 @@ from glmrl.models.ar.model import merge_image_tokens
 from glmrl.models.ar.prompt import PromptProcessor, TokenizedPrompts
 from glmrl.models.glm_image import GlmImageConfigs
 from glmrl.models.glyph import tokenize_glyph_texts
-from glmrl.models.glyph.texts import encode_glyph_embeds
+from glmrl.models.glyph.texts import encode_glyph_embeds, extract_glyph_texts
 from glmrl.sampling import ar_sampler, decode, rollout_weights, scheduler
 from glmrl.sampling.logprobs import SamplingConfig
 
@@ -152,11 +152,16 @@ def check_glyph_fits(prompt: str, tokenizer, max_tokens: int, max_texts: int, wh
   """UserError naming `where` when the prompt's quoted texts exceed the run's fixed glyph sizes."""
   glyph = tokenize_glyph_texts([prompt], tokenizer)
   n_texts, n_tokens = int(glyph.text_counts[0]), int(glyph.lengths[0])
+  # GLM-Image's pipeline (diffusers' get_glyph_texts) draws every '...', “...”, "..." and 「...」 span, so
+  # two apostrophes make one: the message shows what was found.
+  found = ", ".join(repr(t if len(t) <= 40 else t[:37] + "...") for t in extract_glyph_texts(prompt)[:4])
+  why = (f" (found {found}{', ...' if n_texts > 4 else ''}; GLM-Image draws every span in '', “”, \"\" or 「」, "
+         "apostrophes included)")
   if n_texts > max_texts:
-    raise UserError(f"{where}: {n_texts} quoted texts, more than config.data.max_glyph_texts={max_texts}")
+    raise UserError(f"{where}: {n_texts} quoted texts, more than config.data.max_glyph_texts={max_texts}{why}")
   if n_tokens > max_tokens:
     raise UserError(f"{where}: its quoted texts take {n_tokens} glyph tokens, more than "
-                    f"config.data.max_glyph_tokens={max_tokens}")
+                    f"config.data.max_glyph_tokens={max_tokens}{why}")
 
 
 def _fits(chunk: int, batch: int, group_size: int) -> bool:

@@ -154,7 +154,7 @@ def test_cli_usage(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
       main(argv)
     assert e.value.code == 2, argv
-  assert main([f"--hf_dir={tmp_path / 'nope'}", f"--out_dir={tmp_path / 'out'}"]) == 1
+  assert main([f"--hf_dir={tmp_path / 'nope'}", f"--out_dir={tmp_path / 'out'}"]) == 2
   assert "nope" in capsys.readouterr().err
-  assert main(["--to_hf", f"--ckpt_dir={tmp_path}", f"--hf_out_dir={tmp_path / 'o'}", "--max_shard_size=5 apples"]) == 1
+  assert main(["--to_hf", f"--ckpt_dir={tmp_path}", f"--hf_out_dir={tmp_path / 'o'}", "--max_shard_size=5 apples"]) == 2
   assert "5 apples" in capsys.readouterr().err

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from glmrl.logging import plot_metric, read_metric
+from glmrl.logging.plot import main, plot_metric, read_metric
 from glmrl.logging.plot import nice_ticks
 
 LINE = np.array([31, 119, 180])
@@ -58,6 +58,33 @@ def test_errors(tmp_path):
     read_metric(path, "a")
   with pytest.raises(ValueError, match="too small"):
     plot_metric(path, "a", tmp_path / "x.png", width=10, height=10)
+
+
+def test_the_command_line_answers_each_mistake_in_one_line(tmp_path):
+  """As users run it: a misspelt metric (with the close one named), a missing file, a file that is not JSONL and a
+  wrong argument count each end in one `error:` line with exit status 2; a good call prints the PNG's path and
+  nothing else (no warning from running a module its package imported)."""
+  import subprocess
+  import sys
+
+  metrics = _write(tmp_path / "metrics.jsonl", [{"step": 1, "reward/mean": 0.1}, {"step": 2, "reward/mean": 0.2}])
+  (tmp_path / "notes.txt").write_text("a cat\n")
+
+  def plot(*args):
+    return subprocess.run([sys.executable, "-m", "glmrl.logging.plot", *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+  for args, message in (
+      ((metrics, "reward/meen", tmp_path / "o.png"), "no finite values for key 'reward/meen' (did you mean "
+                                                     "'reward/mean'?)"),
+      ((tmp_path / "nosuch.jsonl", "reward/mean", tmp_path / "o.png"), "No such file or directory"),
+      ((tmp_path / "notes.txt", "reward/mean", tmp_path / "o.png"), "notes.txt:1: bad JSON"),
+      ((metrics,), "expected METRICS_JSONL KEY OUT_PNG, got 1 argument(s)")):
+    result = plot(*args)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+  result = plot(metrics, "reward/mean", tmp_path / "o.png")
+  assert result.returncode == 0 and result.stdout == f"{tmp_path / 'o.png'}\n" and not result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("lo,hi,want", [

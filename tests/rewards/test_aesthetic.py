@@ -89,7 +89,7 @@ def test_converter_errors(tmp_path):
   torch.save([1, 2], tmp_path / "list.pth")
   with pytest.raises(ValueError, match="not a state_dict"):
     aesthetic_convert.convert_aesthetic_head(str(tmp_path / "list.pth"), str(tmp_path / "o3"))
-  assert aesthetic_convert.main(["--pth", str(tmp_path / "none.pth"), "--out_dir", str(tmp_path / "o4")]) == 1
+  assert aesthetic_convert.main(["--pth", str(tmp_path / "none.pth"), "--out_dir", str(tmp_path / "o4")]) == 2
   with pytest.raises(FileNotFoundError, match="has no config.json"):
     head_lib.load_head(str(tmp_path))
 

@@ -213,7 +213,7 @@ def test_converter_errors(setup, tmp_path, capsys):
   heads["lin0.model.1.bias"] = np.zeros(1, np.float32)
   bad = str(tmp_path / "bad_heads.safetensors")
   safetensors.numpy.save_file(heads, bad)
-  assert lpips_convert.main(["--vgg16", vgg_path, "--lpips", bad, "--out_dir", str(tmp_path / "o")]) == 1
+  assert lpips_convert.main(["--vgg16", vgg_path, "--lpips", bad, "--out_dir", str(tmp_path / "o")]) == 2
   err = capsys.readouterr().err
   assert "missing (1): lin4.model.1.weight (for heads.4.kernel)" in err
   assert "unexpected (1): lin0.model.1.bias" in err

@@ -80,7 +80,7 @@ def test_errors(ref, tmp_path):
   with pytest.raises(ValueError, match="already exists"):
     convert_lib.convert_clip(str(hf), str(tmp_path / "out"), log=lambda s: None)
   (hf / "config.json").write_text('{"model_type": "siglip"}')
-  assert convert_lib.main(["--hf_dir", str(hf), "--out_dir", str(tmp_path / "o2")]) == 1
+  assert convert_lib.main(["--hf_dir", str(hf), "--out_dir", str(tmp_path / "o2")]) == 2
   with pytest.raises(ValueError, match="is not a directory"):
     convert_lib.convert_clip(str(tmp_path / "nope"), str(tmp_path / "o3"))
   with pytest.raises(FileNotFoundError, match="no .*config.json"):
