@@ -8,8 +8,10 @@ Every config key is listed and commented in configs/common.py. Modes write into 
             resolved config; --config=<workdir>/config.py reruns it); resumes from the latest step; lock.json
             while it runs (one training run per workdir)
   generate  generate/: one PNG per sample, grid.png, tokens.npz (latest checkpoint, else the initial model)
-  eval      eval/* rewards in metrics.jsonl and TensorBoard, eval_samples grids in samples/, for
-            config.eval.prompts_file (latest checkpoint)
+  eval      eval/report.json, report.md and index.html (the page of each prompt's samples, eval/images/): the
+            rewards of config.eval.benchmark (a shipped set, NAME[:N]) or config.eval.prompts_file at the
+            checkpoints of config.eval.steps (e.g. "0,100"; default the latest), with paired bootstrap intervals
+            between them; eval/* rewards also in metrics.jsonl and TensorBoard
   compile   compile_report.json/.md: every program of a step compiled for config.compile.topology (e.g.
             v5p-64) from this host, per-chip bytes and whether it fits (needs requirements-compile.txt)
 Compiled programs are kept in a persistent cache (--compilation_cache, default $JAX_COMPILATION_CACHE_DIR else

@@ -237,7 +237,8 @@ def test_help_points_to_the_keys_and_what_each_mode_writes(tmp_path):
   result = subprocess.run([sys.executable, "main.py", "--help"], capture_output=True, text=True, cwd=ROOT,
                           timeout=120)
   assert result.returncode == 0
-  for text in ("configs/common.py", "checkpoints/<step>/", "generate/", "metrics.jsonl", "143"):
+  for text in ("configs/common.py", "checkpoints/<step>/", "generate/", "metrics.jsonl", "143", "config.eval.benchmark",
+               "config.eval.steps", "index.html"):
     assert text in result.stdout, text
 
 
@@ -271,7 +272,9 @@ def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_pa
   assert json.loads((tmp_path / "config.json").read_text())["train"]["num_steps"] == 3
   assert f"config in {tmp_path / 'config.json'}" in first.stderr
   assert "step 3/3 |" in first.stderr and "ETA" in first.stderr and "reward" in first.stderr
-  assert "done: 3 steps in" in first.stderr and str(tmp_path / "checkpoints") in first.stderr
+  assert "done: 3 steps in" in first.stderr and f"checkpoints in {tmp_path / 'checkpoints'}" in first.stderr
+  assert f"metrics in {tmp_path / 'metrics.jsonl'}; TensorBoard events in {tmp_path}; sample grids in " \
+         f"{tmp_path / 'samples'}" in first.stderr
   assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3]
   assert {"2", "3"} <= set(os.listdir(tmp_path / "checkpoints"))
   assert sorted(os.listdir(tmp_path / "samples"))  # grids at steps 1 and 2
@@ -291,6 +294,13 @@ def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_pa
   # The workdir's config.py gives the run's resolved config back: it extends the run as the flags did.
   more = run_main(f"--config={tmp_path / 'config.py'}", "--config.train.num_steps=4", tmp_path=tmp_path, timeout=600)
   assert more.returncode == 0, more.stderr[-3000:]
+  assert "done: 1 step (step 4) in" in more.stderr, more.stderr[-3000:]
+  # Resumed with another prompts file: one line before any model, naming the file and what differs.
+  fewer = tmp_path / "fewer.txt"
+  fewer.write_text("a red cat\na blue dog\n")
+  changed = run_main(*args, f"--config.data.prompts_file={fewer}", "--config.train.num_steps=5", tmp_path=tmp_path)
+  assert_one_line_error(changed, f"{fewer}: the checkpoint to resume was saved with other prompts or another "
+                                 "config.seed (iterator state num_records=")
   assert json.loads((tmp_path / "config.json").read_text())["checkpoint"]["save_interval"] == 2
   assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3, 4]
   assert _rows(tmp_path)[-1]["reward/mean"] != 0.0

@@ -49,3 +49,8 @@ def newest_is_complete(directory: str, steps: list[int]) -> bool:
         f"no checkpoint step in {directory} is complete: " + "; ".join(f"step {s}: {why}" for s, why in problems.items())
         + " (nothing was changed). Repair or move those step folders, or train in a new --workdir")
   return bool(steps) and problems[steps[-1]] is None
+
+
+def read_meta(directory: str, step: int) -> dict:
+  """The `meta` item of a step that `step_problem` passed: {"step", "data" (the prompt iterator's state), ...}."""
+  return _read_json(os.path.join(directory, str(step), META_ITEM, _ITEM_FILES[META_ITEM]))

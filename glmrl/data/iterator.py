@@ -71,6 +71,12 @@ class PromptIterator:
 
   def restore(self, state: dict[str, Any]) -> None:
     """Moves to a position from `state()`; the seed and record count must match."""
+    self.check_state(state)
+    self._epoch = int(state["epoch"])
+    self._index = int(state["index"])
+
+  def check_state(self, state: dict[str, Any]) -> None:
+    """ValueError unless `state` (from `state()`) is a position of this iterator: the same seed and records."""
     if not isinstance(state, dict) or set(state) != {"epoch", "index", "seed", "num_records"}:
       raise ValueError(f"iterator state {state!r} must have exactly the keys epoch, index, seed, num_records")
     for key, value in state.items():
@@ -83,8 +89,6 @@ class PromptIterator:
                        f"{len(self._records)} records loaded")
     if state["index"] >= len(self._records):
       raise ValueError(f"iterator state index={state['index']} must be < num_records={len(self._records)}")
-    self._epoch = int(state["epoch"])
-    self._index = int(state["index"])
 
   def __iter__(self):
     return self

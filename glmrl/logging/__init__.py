@@ -14,6 +14,9 @@ def quiet_library_logs() -> None:
 
   class _Filter(std_logging.Filter):
     def filter(self, record):
-      return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
+      if "orbax" not in record.pathname:
+        return True
+      # Orbax warns whenever a manager opens read-only, as eval and generate open the run's checkpoints.
+      return record.levelno >= std_logging.WARNING and not record.getMessage().startswith("Given directory is read only")
 
   absl_logging.get_absl_logger().addFilter(_Filter())

@@ -76,10 +76,16 @@ class Progress:
       parts.append("SKIPPED (non-finite)")
     return " | ".join(parts)
 
-  def summary(self, step: int, checkpoints: str, stopped_by: str | None = None) -> str:
+  def summary(self, step: int, outputs: Mapping[str, str], stopped_by: str | None = None) -> str:
+    """This process's steps (a resumed run counts from its resume), their reward, and where each output is
+    (`outputs`: what -> path)."""
     elapsed = _clock(self._now() - self._t0)
-    how = f"stopped by {stopped_by} at step {step}/{self.num_steps}" if stopped_by else f"done: {step} steps"
+    done = step - self.start_step
+    steps = f"{done} step{'s' if done != 1 else ''}"
+    if self.start_step and done:  # a resumed run: which steps were this run's
+      steps += f" ({self.start_step + 1}-{step})" if done > 1 else f" (step {step})"
+    how = f"stopped by {stopped_by} at step {step}/{self.num_steps} after {steps}" if stopped_by else f"done: {steps}"
     reward = ""
     if self.first_reward is not None:
       reward = f", reward {self.first_reward:.4g} -> {self.last_reward:.4g}"
-    return f"{how} in {elapsed}{reward}; checkpoints in {checkpoints}"
+    return f"{how} in {elapsed}{reward}; " + "; ".join(f"{what} in {path}" for what, path in outputs.items())

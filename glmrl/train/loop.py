@@ -13,7 +13,7 @@ from glmrl import sharding as sharding_lib
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
 from glmrl.checkpoint.lock import WorkdirLock
 from glmrl.checkpoint.manager import AR_CONFIG_FILE, DIT_CONFIG_FILE, saved_steps
-from glmrl.checkpoint.step_files import newest_is_complete
+from glmrl.checkpoint.step_files import newest_is_complete, read_meta, step_problem
 from glmrl.errors import UserError
 from glmrl.evaluation import monitors
 from glmrl.logging import run_writer
@@ -36,7 +36,9 @@ class Trainer:
 
   def __init__(self, config, workdir: str):
     self.config, self.workdir = config, workdir
-    self.run = setup_lib.build(config, train=True)
+    directory, saved = os.path.join(workdir, "checkpoints"), saved_steps(workdir)
+    resume = read_meta(directory, saved[-1]) if saved and not step_problem(directory, saved[-1]) else None
+    self.run = setup_lib.build(config, train=True, resume_data=resume and resume.get("data"))
     self.states = self.run.states
     self.root_key = jax.random.key(config.seed)
     self.step_index = 0
@@ -263,6 +265,9 @@ def _train(config, workdir: str, stop: StopSignal) -> dict:
                             "rerun once the server answers to resume") from None
   finally:
     trainer.close()
-  console(f"{progress.summary(trainer.step_index, trainer.checkpointer.directory, stopped_by)}; config in "
-          f"{config_path}")
+  outputs = {"checkpoints": trainer.checkpointer.directory, "metrics": os.path.join(workdir, "metrics.jsonl"),
+             "TensorBoard events": workdir}
+  if config.log.image_interval:
+    outputs["sample grids"] = os.path.join(workdir, "samples")
+  console(progress.summary(trainer.step_index, {**outputs, "config": config_path}, stopped_by))
   return {"step": trainer.step_index, "last": last, "stopped_by": stopped_by}

@@ -251,9 +251,10 @@ def check_prompt_lengths(processor, records, path, config) -> None:
                     f"needs --config.data.max_prompt_tokens={max(n for n, _ in too_long)})")
 
 
-def build(config, *, train: bool = False) -> Run:
+def build(config, *, train: bool = False, resume_data: dict | None = None) -> Run:
   """Checks inputs, then builds the mesh, data, rewards, models, pipeline and the trained policies' states
-  (`train`: with their optimizers and references)."""
+  (`train`: with their optimizers and references; `resume_data`: the prompt iterator's state in the checkpoint the
+  run resumes from, checked against the prompts first)."""
   m = config.mesh
   try:
     mesh_shape = sharding_lib.mesh_shape(m.data, m.fsdp, m.tensor, jax.device_count())
@@ -282,6 +283,13 @@ def build(config, *, train: bool = False) -> Run:
                     config.data.prompts_per_step, config.data.prompts_file, len(records))
   iterator = PromptIterator(records, prompts_per_step=config.data.prompts_per_step, seed=config.seed,
                             height=config.data.height, width=config.data.width)
+  if resume_data is not None:  # before any model: the checkpoint's prompt order must be this file's
+    try:
+      iterator.check_state(resume_data)
+    except ValueError as e:
+      raise UserError(f"{config.data.prompts_file}: the checkpoint to resume was saved with other prompts or "
+                      f"another config.seed ({e}); resume with the ones it trained on, or train in a new --workdir"
+                      ) from None
 
   # What the models' shapes decide (which layers the LoRA targets match) is checked on abstract models, by the
   # run's own builder, before any weight is made or read.

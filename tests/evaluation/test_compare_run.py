@@ -26,6 +26,7 @@ def test_eval_compares_checkpoints_with_paired_intervals(tmp_path):
   out = run_main(*flags, "--mode=eval", "--config.eval.benchmark=parti:4", "--config.eval.steps=0,2",
                  tmp_path=workdir, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
+  assert "read only" not in out.stderr  # Orbax's note on opening the checkpoints read-only is not the user's
   report = json.loads((workdir / "eval" / "report.json").read_text())
   assert report["steps"] == [0, 2] and report["prompts"] == 4 and report["samples_per_prompt"] == 8
   assert len(report["prompt_text"]) == 4 and sum(v for k, v in report["categories"].items() if k != "overall") == 4
