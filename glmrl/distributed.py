@@ -80,3 +80,7 @@ def finished() -> None:
     from jax.experimental import multihost_utils
 
     multihost_utils.sync_global_devices("glmrl: mode finished")
+    # Leave the coordination service here, together and while every process is healthy. At exit jax tears down
+    # its backends first and shuts down after, so a process that is slow or dies in that teardown would hold the
+    # others at the shutdown barrier until they abort on its missing heartbeats.
+    jax.distributed.shutdown()
