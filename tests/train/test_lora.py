@@ -1,6 +1,8 @@
 """LoRA training: only adapters train, the reference is the base with adapters off, the on-policy ratio is
 exactly 1, resume is bit-identical, and adapters never resume onto another base (float32, CPU)."""
 
+import json
+
 import glmrl  # noqa: F401
 
 import jax
@@ -11,6 +13,7 @@ from flax import nnx
 
 from glmrl.checkpoint import CheckpointError
 from glmrl.checkpoint import params as params_lib
+from glmrl.errors import UserError
 from glmrl.models import lora
 from glmrl.train import loop
 from glmrl.policy import ar as ar_policy
@@ -94,10 +97,20 @@ def test_resume_is_bit_identical_and_refuses_another_base(tmp_path):
   # The checkpoints hold only the adapters (and optimizer state): no base weight is saved.
   stored = params_lib.stored_leaves(str(tmp_path / "resumed" / "checkpoints" / "4" / "params"))
   assert set(stored) == set(want)
-  other_base = lora_config()
-  other_base.seed = 1  # the random base is initialised from the seed
+  # Another base: the record names a base whose weights differ (the exact form of fingerprint, another value).
+  record_path = tmp_path / "resumed" / "checkpoints" / "lora.json"
+  record = record_path.read_text()
+  other = json.loads(record)
+  other["base"]["fingerprint"] = other["base"]["fingerprint"][:-8] + "00000000"
+  record_path.write_text(json.dumps(other))
   with pytest.raises(CheckpointError, match="refusing to resume: the adapters .* were trained on the base"):
-    loop.Trainer(other_base, str(tmp_path / "resumed"))
+    loop.Trainer(lora_config(), str(tmp_path / "resumed"))
+  record_path.write_text(record)
+  # Another seed (which also draws another random base) changes the prompt order: refused before any model.
+  other_seed = lora_config()
+  other_seed.seed = 1
+  with pytest.raises(UserError, match="saved with other prompts or another config.seed .*seed=0 differs"):
+    loop.Trainer(other_seed, str(tmp_path / "resumed"))
   with pytest.raises(CheckpointError, match="holds LoRA adapter checkpoints .* full fine-tuning"):
     loop.Trainer(tiny_config(grpo__beta=0.05), str(tmp_path / "resumed"))
   with pytest.raises(CheckpointError, match="holds adapters with other settings .* rank 4 there, 8 here"):
