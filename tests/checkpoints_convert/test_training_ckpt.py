@@ -97,6 +97,6 @@ def test_source_dir_of_another_generator(run, tiny_released, tmp_path):
 def test_source_dir_must_be_a_converted_folder(run, tmp_path, capsys):
   root, _ = run
   assert main(["--to_hf", f"--ckpt_dir={root / 'workdir'}", f"--hf_out_dir={tmp_path / 'hf'}",
-               f"--source_dir={tmp_path}"]) == 1
+               f"--source_dir={tmp_path}"]) == 2
   err = capsys.readouterr().err
   assert f"source checkpoint '{tmp_path}' (--source_dir) is not a converted GLM-Image folder" in err
