@@ -3,7 +3,8 @@
 Explicit with `--coordinator_address=HOST:PORT --num_processes=N --process_id=I` (any cluster, or
 processes on one machine); detected otherwise on SLURM (several tasks) and Cloud TPU pods (several
 worker hostnames), where `jax.distributed.initialize()` reads the rest from the environment. On CPUs
-the processes talk over gloo (loopback on one machine).
+the processes talk over gloo (loopback on one machine) and run one program at a time
+(`one_program_at_a_time`).
 
 Every process runs the same program on the same host data (the prompt iterator and PRNG keys are
 deterministic), places its own devices' shards of each batch (`sharding.put`), computes host-side
@@ -48,6 +49,42 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                                process_id=process_id)
   else:
     jax.distributed.initialize()
+  if jax.default_backend() == "cpu":
+    one_program_at_a_time()
+
+
+def one_program_at_a_time() -> None:
+  """From now on each program this process runs has finished before the next one starts.
+
+  XLA:CPU runs a program's per-device parts on a thread pool, and two programs without data between them run at
+  the same time. Its collectives across processes go through gloo without tags (XLA's
+  backends/cpu/collectives/gloo_communicator.cc: "how to do tags?"), so two programs in flight at once exchange
+  their messages over the same pairs in whatever order each process's threads reach them: one process's
+  all-reduce meets the other's all-gather ("Received data size doesn't match expected size. Is there a
+  distributed collective mismatch in your code?") or both wait for ever. Two processes x 4 CPU devices that
+  dispatch four independent all-reduces back to back hang (tests/test_distributed.py). Accelerators run a
+  device's programs in the order they were dispatched, which every process shares; they keep JAX's asynchronous
+  dispatch.
+
+  JAX has no switch for this (`jax_cpu_enable_async_dispatch` leaves multi-device programs asynchronous), so two
+  of its internals change, for the jax version requirements.txt pins: every call takes the Python dispatch path
+  (no C++ fast path), and that path waits for the program's outputs. The cost is a few microseconds per call and
+  the overlap of host work with the devices' work, on CPUs only."""
+  from jax._src import pjit  # pylint: disable=import-outside-toplevel
+  from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
+
+  execute = pxla.ExecuteReplicated.__call__
+  if getattr(execute, "one_at_a_time", False):
+    return
+
+  def execute_and_wait(self, *args):
+    out = execute(self, *args)
+    jax.block_until_ready(out)
+    return out
+
+  execute_and_wait.one_at_a_time = True
+  pjit._get_fastpath_data = lambda *args, **kwargs: None  # pylint: disable=protected-access
+  pxla.ExecuteReplicated.__call__ = execute_and_wait
 
 
 def is_main() -> bool:

@@ -56,14 +56,21 @@ def launch(workdir, *flags, processes: int = 2, devices: int = 4, timeout: int =
         raise AssertionError("timed out: " + " | ".join(f"process {i}: {out[-2000:]}"
                                                        for i, out in enumerate(outputs()))) from None
     outs = outputs()
-    # Every process's tail when one failed: the first to fail says why, the others only that a peer went away.
+    # Every process's first error lines and tail when one failed: the first to fail says why, the others only that
+    # a peer went away. An abort's stack fills the tail, so the error lines come from the whole output.
     assert all(p.returncode == 0 for p in procs), " | ".join(
-        f"process {i} (exit {p.returncode}): {out[-3000:]}" for i, (p, out) in enumerate(zip(procs, outs)))
+        f"process {i} (exit {p.returncode}): first error lines: {_error_lines(out)} ... tail: {out[-1500:]}"
+        for i, (p, out) in enumerate(zip(procs, outs)))
     return outs
   finally:
     for p, log in zip(procs, logs):
       p.kill()
       log.close()
+
+
+def _error_lines(output: str, count: int = 8) -> list[str]:
+  marks = ("rror", "Exception", "Fatal", "Check fail", "Traceback", "abort")
+  return [line[:400] for line in output.splitlines() if any(m in line for m in marks)][:count]
 
 
 def rows(workdir) -> list[dict]:

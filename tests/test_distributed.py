@@ -1,0 +1,62 @@
+"""glmrl/distributed.py across processes: two processes x 4 CPU devices, set up by `distributed.initialize` as
+main.py does, dispatch independent programs with cross-process all-reduces back to back. Without
+`one_program_at_a_time` the processes run them in different orders over gloo and hang (2 of 2 launches past
+100 s, where these finish in about 10 s) or abort on a size mismatch."""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from tests.train.processes import env, free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _programs(process_id: int, port: int) -> None:
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
+
+  from glmrl import distributed  # pylint: disable=import-outside-toplevel
+
+  distributed.initialize(f"localhost:{port}", 2, process_id)
+  mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+  # Four arrays of different sizes: a mixed-up pair of all-reduces shows as a size mismatch or a wait.
+  xs = [jax.make_array_from_callback((8, n), NamedSharding(mesh, P("d")), lambda i, n=n: np.ones((1, n), np.float32))
+        for n in (3, 1000, 17, 50000)]
+  fns = [jax.jit(lambda a, k=k: jnp.sum(jnp.tanh(a * (k + 1)), axis=0), out_shardings=NamedSharding(mesh, P()))
+         for k in range(4)]
+  outs = []
+  for _ in range(100):
+    outs += [f(x) for f, x in zip(fns, xs)]  # no data between them: free to run at once
+  for k, out in enumerate(outs[-4:]):
+    np.testing.assert_allclose(np.asarray(out), 8 * np.tanh(k + 1.0), rtol=1e-6)
+  distributed.finished()
+
+
+def test_independent_programs_across_processes_on_cpus_run_one_at_a_time():
+  port = free_port()
+  logs = [tempfile.TemporaryFile("w+") for _ in range(2)]  # files: an unread pipe could stall its writer
+  procs = [subprocess.Popen([sys.executable, "-m", "tests.test_distributed", str(i), str(port)], env=env(4),
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True) for i, log in enumerate(logs)]
+  try:
+    for p in procs:
+      p.wait(timeout=120)
+  except subprocess.TimeoutExpired:
+    pass
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+  outs = []
+  for log in logs:
+    log.seek(0)
+    outs.append(log.read()[-2000:])
+    log.close()
+  assert [p.returncode for p in procs] == [0, 0], outs
+
+
+if __name__ == "__main__":
+  _programs(int(sys.argv[1]), int(sys.argv[2]))
