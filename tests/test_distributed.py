@@ -1,7 +1,8 @@
 """glmrl/distributed.py across processes: two processes x 4 CPU devices, set up by `distributed.initialize` as
 main.py does, dispatch independent programs with cross-process all-reduces back to back. Without
 `one_program_at_a_time` the processes run them in different orders over gloo and hang (2 of 2 launches past
-100 s, where these finish in about 10 s) or abort on a size mismatch."""
+100 s, where these finish in about 10 s) or abort on a size mismatch. The persistent compilation cache stays off
+there (`compilation_cache.shared_by_processes`): nothing is written to the folder main.py would give it."""
 
 import os
 import subprocess
@@ -13,15 +14,17 @@ from tests.train.processes import env, free_port
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _programs(process_id: int, port: int) -> None:
+def _programs(process_id: int, port: int, cache: str) -> None:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
 
-  from glmrl import distributed  # pylint: disable=import-outside-toplevel
+  from glmrl import compilation_cache, distributed  # pylint: disable=import-outside-toplevel
 
   distributed.initialize(f"localhost:{port}", 2, process_id)
+  assert compilation_cache.enable(cache) is None
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # every program would be written
   mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
   # Four arrays of different sizes: a mixed-up pair of all-reduces shows as a size mismatch or a wait.
   xs = [jax.make_array_from_callback((8, n), NamedSharding(mesh, P("d")), lambda i, n=n: np.ones((1, n), np.float32))
@@ -36,10 +39,11 @@ def _programs(process_id: int, port: int) -> None:
   distributed.finished()
 
 
-def test_independent_programs_across_processes_on_cpus_run_one_at_a_time():
-  port = free_port()
+def test_independent_programs_across_processes_on_cpus_run_one_at_a_time_without_the_compilation_cache(tmp_path):
+  port, cache = free_port(), tmp_path / "cache"
   logs = [tempfile.TemporaryFile("w+") for _ in range(2)]  # files: an unread pipe could stall its writer
-  procs = [subprocess.Popen([sys.executable, "-m", "tests.test_distributed", str(i), str(port)], env=env(4),
+  procs = [subprocess.Popen([sys.executable, "-m", "tests.test_distributed", str(i), str(port), str(cache)],
+                            env={**env(4), "JAX_COMPILATION_CACHE_DIR": str(cache)},
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True) for i, log in enumerate(logs)]
   try:
     for p in procs:
@@ -56,7 +60,8 @@ def test_independent_programs_across_processes_on_cpus_run_one_at_a_time():
     outs.append(log.read()[-2000:])
     log.close()
   assert [p.returncode for p in procs] == [0, 0], outs
+  assert not cache.exists()
 
 
 if __name__ == "__main__":
-  _programs(int(sys.argv[1]), int(sys.argv[2]))
+  _programs(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
