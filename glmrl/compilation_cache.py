@@ -31,9 +31,9 @@ def folder(flag_value: str | None) -> str:
 
 def layout_folder(directory: str) -> str:
   """The subfolder of `directory` for this run's process count. JAX's cache key does not tell one process on 8
-  devices from 2 processes on 4 each: in a 2 x 4 CPU run whose process 0 loaded a program a 1 x 8 run had cached
-  while process 1 compiled its own, both waited in that program's collectives for ever (the t2i recipe's log-prob
-  metrics); two processes that both loaded it ran."""
+  devices from 2 processes on 4 each: a 2 x 4 CPU run whose process 0 loaded a program a 1 x 8 run had cached waited
+  in that program's collectives for ever (the t2i recipe's log-prob metrics; CPUs across processes now run without
+  the cache, `shared_by_processes`), and on GPUs the key leaves the device assignment out altogether."""
   return os.path.join(directory, f"processes_{jax.process_count()}")
 
 

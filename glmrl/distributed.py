@@ -68,8 +68,8 @@ def one_program_at_a_time() -> None:
 
   JAX has no switch for this (`jax_cpu_enable_async_dispatch` leaves multi-device programs asynchronous), so two
   of its internals change, for the jax version requirements.txt pins: every call takes the Python dispatch path
-  (no C++ fast path), and that path waits for the program's outputs. The cost is a few microseconds per call and
-  the overlap of host work with the devices' work, on CPUs only."""
+  (no C++ fast path), and that path waits for the program's outputs. What it costs, on CPUs only: the slower
+  dispatch path and the overlap of host work with the devices' work."""
   from jax._src import pjit  # pylint: disable=import-outside-toplevel
   from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
 

@@ -4,14 +4,9 @@ main.py does, dispatch independent programs with cross-process all-reduces back 
 100 s, where these finish in about 10 s) or abort on a size mismatch. The persistent compilation cache stays off
 there (`compilation_cache.shared_by_processes`): nothing is written to the folder main.py would give it."""
 
-import os
-import subprocess
 import sys
-import tempfile
 
-from tests.train.processes import env, free_port
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.train.processes import env, free_port, run_processes
 
 
 def _programs(process_id: int, port: int, cache: str) -> None:
@@ -41,25 +36,8 @@ def _programs(process_id: int, port: int, cache: str) -> None:
 
 def test_independent_programs_across_processes_on_cpus_run_one_at_a_time_without_the_compilation_cache(tmp_path):
   port, cache = free_port(), tmp_path / "cache"
-  logs = [tempfile.TemporaryFile("w+") for _ in range(2)]  # files: an unread pipe could stall its writer
-  procs = [subprocess.Popen([sys.executable, "-m", "tests.test_distributed", str(i), str(port), str(cache)],
-                            env={**env(4), "JAX_COMPILATION_CACHE_DIR": str(cache)},
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True) for i, log in enumerate(logs)]
-  try:
-    for p in procs:
-      p.wait(timeout=120)
-  except subprocess.TimeoutExpired:
-    pass
-  finally:
-    for p in procs:
-      p.kill()
-      p.wait()
-  outs = []
-  for log in logs:
-    log.seek(0)
-    outs.append(log.read()[-2000:])
-    log.close()
-  assert [p.returncode for p in procs] == [0, 0], outs
+  run_processes([[sys.executable, "-m", "tests.test_distributed", str(i), str(port), str(cache)] for i in range(2)],
+                {**env(4), "JAX_COMPILATION_CACHE_DIR": str(cache)}, timeout=120)
   assert not cache.exists()
 
 

@@ -36,13 +36,19 @@ def launch(workdir, *flags, processes: int = 2, devices: int = 4, timeout: int =
     assert result.returncode == 0, result.stderr[-3000:]
     return [result.stderr]
   port = free_port()
+  return run_processes([command(workdir, *flags, f"--coordinator_address=localhost:{port}",
+                                f"--num_processes={processes}", f"--process_id={i}") for i in range(processes)],
+                       env(devices), timeout)
+
+
+def run_processes(commands: list[list[str]], environment: dict, timeout: int) -> list[str]:
+  """Runs `commands` at once (the processes of one run); asserts each exits 0 within `timeout` seconds and returns
+  their outputs (stdout and stderr together)."""
   # Each process's output goes to a file: a pipe left unread while the test waits for another process fills up,
   # blocks its writer, and the other process then waits for it at a collective for ever.
-  logs = [tempfile.TemporaryFile("w+") for _ in range(processes)]
-  procs = [subprocess.Popen(command(workdir, *flags, f"--coordinator_address=localhost:{port}",
-                                    f"--num_processes={processes}", f"--process_id={i}"),
-                            env=env(devices), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
-           for i, log in enumerate(logs)]
+  logs = [tempfile.TemporaryFile("w+") for _ in commands]
+  procs = [subprocess.Popen(cmd, env=environment, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+           for cmd, log in zip(commands, logs)]
   def outputs():
     for log in logs:
       log.seek(0)
