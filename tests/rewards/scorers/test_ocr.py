@@ -19,7 +19,7 @@ FONT_FILES = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fon
               "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf")
 TEXTS = ("OPEN LATE TONIGHT", "Fresh Coffee", "GRPO on JAX", "Welcome Home", "SALE 50 OFF")
 # Each mean read time must stay under this on a 2-core CI worker (measured: see the closing note of issue 38).
-SECONDS_PER_IMAGE = 5.0
+SECONDS_PER_IMAGE = 1.0
 
 
 def fonts(size):
