@@ -1,0 +1,87 @@
+"""The shipped OCR scorer reads rendered text back: directly, through the reward server with `text_accuracy`, and in
+`--mode=eval` on the `ocr` benchmark (tests/evaluation). Renders use Pillow's bundled font and the Debian fonts
+present (DejaVu, Liberation)."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+from glmrl import rewards
+from glmrl.rewards import server as server_lib
+from glmrl.rewards.ocr_metrics import word_accuracy
+from glmrl.rewards.scorers import ocr
+
+FONT_FILES = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/truetype/dejavu/DejaVuSerif.ttf",
+              "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf")
+TEXTS = ("OPEN LATE TONIGHT", "Fresh Coffee", "GRPO on JAX", "Welcome Home", "SALE 50 OFF")
+# Each mean read time must stay under this on a 2-core CI worker (measured: see the closing note of issue 38).
+SECONDS_PER_IMAGE = 1.0
+
+
+def fonts(size):
+  return [ImageFont.load_default(size=size)] + [ImageFont.truetype(f, size) for f in FONT_FILES if os.path.exists(f)]
+
+
+def render(text, font, *, dark_on_light=True, side=(640, 160), angle=0.0, noise=0.0, seed=0):
+  """uint8 [H, W, 3]: `text` centred on a plain background, optionally rotated and with Gaussian pixel noise."""
+  fg, bg = ((20, 20, 20), (240, 240, 230)) if dark_on_light else ((250, 250, 240), (25, 30, 60))
+  im = Image.new("RGB", side, bg)
+  ImageDraw.Draw(im).text((side[0] / 2, side[1] / 2), text, fill=fg, font=font, anchor="mm")
+  if angle:
+    im = im.rotate(angle, resample=Image.BICUBIC, fillcolor=bg)
+  pixels = np.asarray(im, np.float64)
+  if noise:
+    pixels = pixels + np.random.default_rng(seed).normal(0.0, noise, pixels.shape)
+  return np.clip(pixels, 0, 255).astype(np.uint8)
+
+
+def test_clean_renders_read_back_with_their_words_in_several_fonts_sizes_and_contrasts():
+  cases = [(text, font, dark) for size in (32, 48) for font in fonts(size) for text, dark in
+           zip(TEXTS, (True, False, True, False, True))]
+  assert len(cases) >= 10  # at least Pillow's font at two sizes x five texts
+  start = time.perf_counter()
+  readings = ocr.read([render(t, f, dark_on_light=d) for t, f, d in cases], None, None)
+  per_image = (time.perf_counter() - start) / len(cases)
+  accuracy = np.mean([word_accuracy(t, r) for (t, _, _), r in zip(cases, readings)])
+  print(f"OCR: {len(cases)} clean renders, word accuracy {accuracy:.3f}, {per_image:.2f} s per image")
+  assert accuracy >= 0.9, list(zip([c[0] for c in cases], readings))
+  assert per_image < SECONDS_PER_IMAGE
+
+
+def test_a_rotated_noisy_render_still_reads_and_an_image_without_text_reads_nothing():
+  font = fonts(40)[-1]
+  tilted = ocr.read([render("Fresh Coffee", font, angle=4.0, noise=12.0)], None, None)[0]
+  assert word_accuracy("Fresh Coffee", tilted) >= 0.5, tilted
+  blank = np.full((160, 640, 3), 235, np.uint8)
+  texture = np.asarray(Image.fromarray(np.random.default_rng(1).integers(0, 256, (160, 640, 3), np.uint8))
+                       .filter(ImageFilter.GaussianBlur(3)))
+  for image in (blank, texture):
+    reading = ocr.read([image], None, None)[0]
+    assert len(reading.replace(" ", "")) <= 2, reading
+
+
+def test_reading_order_is_rows_top_to_bottom_then_left_to_right():
+  box = lambda x, y: [[x, y], [x + 50, y], [x + 50, y + 20], [x, y + 20]]
+  lines = [(box(120, 62), "d", 0.9), (box(10, 10), "a", 0.9), (box(70, 12), "b", 0.9), (box(10, 60), "c", 0.9),
+           (box(200, 10), "noise", 0.1)]
+  assert ocr.reading_order(lines) == ["a", "b", "c", "d"]
+
+
+def test_text_accuracy_through_the_server_ranks_the_prompts_text_above_other_text():
+  """The path training takes: the reward server serving the scorer, `text_accuracy` asking it."""
+  server = server_lib.RewardServer(ocr.read, port=0)
+  threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+  try:
+    reward = rewards.get("text_accuracy").build(url=server.url).fn
+    font = fonts(40)[-1]
+    prompt = 'a shop sign that says "OPEN LATE"'
+    images = np.stack([render("OPEN LATE", font), render("CLOSED", font)])
+    right, wrong = reward(images, [prompt, prompt], {})
+  finally:
+    server.shutdown()
+    server.server_close()
+  assert right >= 0.9 and wrong <= 0.3 and right > wrong, (right, wrong)
