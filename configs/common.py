@@ -170,6 +170,12 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.log = ml_collections.ConfigDict()
   c.log.image_interval = 50  # Write sample grids every this many steps.
+  # Weights & Biases too (pip install -r requirements-wandb.txt): every scalar and sample grid TensorBoard gets, in
+  # the W&B run <workdir>/wandb/ keeps (a resume continues it; glmrl/logging/wandb_run.py).
+  c.log.wandb = False  # Also log to W&B.
+  c.log.wandb_project = "glmrl"  # W&B project.
+  c.log.wandb_name = ""  # W&B run name; "": the workdir's name.
+  c.log.wandb_mode = "online"  # "online" (needs `wandb login` or WANDB_API_KEY) or "offline" (`wandb sync` later).
 
   # Where the AR sampler reads the generator's weights: "update" (the update's FSDP layout: every generated token
   # gathers them over fsdp), "gathered" (resharded once per rollout without the fsdp split: tensor-parallel over

@@ -7,6 +7,12 @@ python main.py --config=configs/glm_image_t2i_decoupled.py --config.model.checkp
   --config.rewards[0].kwargs.clip_dir=CLIP --config.rewards[0].kwargs.head_dir=HEAD
   --config.rewards[1].kwargs.ckpt_dir=PICKSCORE --config.decoder.rewards[0].kwargs.url=http://OCR_SERVER
 `:tiny` shrinks it to the random tiny model, a 64 x 64 target and built-in rewards for a local run.
+The decoder's OCR reward is served by the shipped scorer (README "Rewards"), started before the run:
+
+  pip install -r requirements-ocr.txt
+  python -m glmrl.rewards.server --scorer=glmrl.rewards.scorers.ocr:read --port=8001
+
+and passed as --config.decoder.rewards[0].kwargs.url=http://127.0.0.1:8001/score.
 
 The split follows the GLM-Image report (AR: aesthetics and semantic alignment; decoder: detail and text
 accuracy). The rollout is prompts x 8 token grids x 4 decoder samples = 32 images per prompt: an AR group
@@ -51,6 +57,7 @@ def get_config(arg=None):
                               "kwargs": {"clip_dir": _required(), "head_dir": _required()}}),
       config_dict.ConfigDict({"name": "pickscore", "weight": 1.0, "kwargs": {"ckpt_dir": _required()}}),
   )
+  # OCR text accuracy read by the shipped scorer's server (the command in this file's docstring).
   c.decoder.rewards = (
       config_dict.ConfigDict({"name": "text_accuracy", "weight": 1.0,
                               "kwargs": {"url": _required(), "no_text_score": 0.0}}),

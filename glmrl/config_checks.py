@@ -26,6 +26,7 @@ from glmrl.grpo import advantages as grpo_advantages
 from glmrl.grpo import flow as grpo_flow
 from glmrl.grpo import loss as grpo_loss
 from glmrl.grpo import matching as grpo_matching
+from glmrl.logging import wandb_run as wandb_modes
 from glmrl.models import glm_image
 from glmrl.models import lora as lora_lib
 from glmrl.models.dit import attention as dit_attention
@@ -211,6 +212,10 @@ RULES: dict[str, Rule] = {
     "checkpoint.save_interval": integer(1),
     "checkpoint.max_to_keep": integer(1),
     "log.image_interval": integer(0, why="must be >= 0 (0 disables sample grids)"),
+    "log.wandb": BOOL,
+    "log.wandb_project": Rule(str, bool, "must name a W&B project"),
+    "log.wandb_name": STRING,
+    "log.wandb_mode": choice(*wandb_modes.MODES),
     "eval.interval": integer(0, why="must be >= 0 (0 disables periodic evaluation)"),
     "compile.topology": STRING,
     "eval.prompts_file": STRING,
@@ -380,3 +385,7 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
          "compares checkpoints in --mode=eval only")
   if values["eval.prompts_file"] and (mode == "eval" or values["eval.interval"]):
     _check_file("config.eval.prompts_file", values["eval.prompts_file"])
+  if values["log.wandb"]:
+    import importlib.util
+    _check(importlib.util.find_spec("wandb") is not None, "config.log.wandb", True,
+           "needs the wandb package: pip install -r requirements-wandb.txt")

@@ -146,3 +146,18 @@ def test_a_flash_kernel_needs_its_platform_and_splash_compiles_for_one(impl, bac
   if impl == "splash":
     cfg.compile.topology = "v5p-8"
     config_checks.validate(cfg, mode="compile")
+
+
+def test_wandb_logging_names_its_package_and_modes(monkeypatch):
+  cfg = load_config("demo")
+  cfg.log.wandb, cfg.log.wandb_mode = True, "offline"
+  config_checks.validate(cfg)
+  cfg.log.wandb_mode = "cloud"
+  with pytest.raises(config_checks.ConfigError, match=r"config.log.wandb_mode='cloud'"):
+    config_checks.validate(cfg)
+  cfg.log.wandb_mode = "online"
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+  with pytest.raises(config_checks.ConfigError, match=r"config.log.wandb=True: needs the wandb package: pip install "
+                                                      r"-r requirements-wandb.txt"):
+    config_checks.validate(cfg)

@@ -260,8 +260,10 @@ def test_a_workdir_in_use_by_another_run_is_refused(tmp_path):
 
 
 def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_path):
-  """The README's first command (fewer steps), rerun, then extended: as a user would drive it."""
-  args = ("--config=configs/demo.py", "--config.checkpoint.save_interval=2", "--config.log.image_interval=2")
+  """The README's first command (fewer steps), rerun, then extended: as a user would drive it; logging to W&B
+  offline as well, the resumed run continuing the first one's W&B run."""
+  args = ("--config=configs/demo.py", "--config.checkpoint.save_interval=2", "--config.log.image_interval=2",
+          "--config.log.wandb=True", "--config.log.wandb_mode=offline")
   # A lock left by a run that was killed (a process of this host that has ended) is taken over.
   gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
   (tmp_path / "lock.json").write_text(json.dumps({"host": socket.gethostname(), "pid": int(gone.stdout),
@@ -304,6 +306,14 @@ def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_pa
   assert json.loads((tmp_path / "config.json").read_text())["checkpoint"]["save_interval"] == 2
   assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3, 4]
   assert _rows(tmp_path)[-1]["reward/mean"] != 0.0
+  # W&B has every step's scalars as metrics.jsonl has them (the resumed run's step 4, not the crashed row), the
+  # grids of steps 1, 2 and 4 (as samples/), and one W&B run: every launch continued the first one's.
+  from tests.logging import wandb_records
+  history = wandb_records.history(tmp_path)
+  logged = {r["_step"]: r["reward/mean"] for r in history if "reward/mean" in r}
+  assert logged == {r["step"]: pytest.approx(r["reward/mean"], rel=1e-6) for r in _rows(tmp_path)}
+  assert sorted(r["_step"] for r in history if "train_samples/path" in r) == [1, 2, 4]
+  assert len({r["id"] for r in wandb_records.runs(tmp_path)}) == 1
 
 
 def test_a_reward_server_that_stops_answering_ends_the_run_in_one_line_with_its_steps_saved(tmp_path):

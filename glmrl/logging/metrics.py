@@ -1,4 +1,4 @@
-"""Per-step metrics to tensorboard, `metrics.jsonl` and the console; sample grids to PNG."""
+"""Per-step metrics to tensorboard, `metrics.jsonl`, the console and optionally W&B; sample grids to PNG."""
 
 import json
 import math
@@ -43,16 +43,18 @@ class MetricsWriter:
 
   `<workdir>/metrics.jsonl` gets one object per `write_scalars` call, e.g.
   `{"step": 3, "reward/mean": 0.41}`; non-finite values are written as null.
-  Tensorboard event files go to `workdir`, sample grids to `<workdir>/samples/`.
+  Tensorboard event files go to `workdir`, sample grids to `<workdir>/samples/`; with `wandb` (a
+  `glmrl.logging.wandb_run.WandbRun`) the same scalars and grids go to W&B too.
   """
 
-  def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True):
+  def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True, wandb=None):
     self.workdir = os.fspath(workdir)
     self.samples_dir = os.path.join(self.workdir, "samples")
     self.metrics_path = os.path.join(self.workdir, "metrics.jsonl")
     os.makedirs(self.samples_dir, exist_ok=True)
     self._jsonl = open(self.metrics_path, "a", encoding="utf-8")
     self._tb = Events(self.workdir) if tensorboard else None
+    self._wandb = wandb
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> dict[str, float | None]:
     """Logs floats-convertible scalars for `step`; returns the row written to metrics.jsonl."""
@@ -65,11 +67,13 @@ class MetricsWriter:
     row = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in sorted(values.items())}}
     self._jsonl.write(json.dumps(row, allow_nan=False) + "\n")
     self._jsonl.flush()  # a crashed run keeps every completed step
+    # Non-finite values make tensorboardX print a warning per call; metrics.jsonl and the console keep them.
+    finite = {k: v for k, v in values.items() if math.isfinite(v)}
     if self._tb is not None:
-      # Non-finite values make tensorboardX print a warning per call; metrics.jsonl and the console keep them.
-      for key, value in values.items():
-        if math.isfinite(value):
-          self._tb.add_scalar(key, value, step)
+      for key, value in finite.items():
+        self._tb.add_scalar(key, value, step)
+    if self._wandb is not None:
+      self._wandb.add_scalars(step, finite)
     # The console shows a short progress line (glmrl.logging.progress); every value is here at debug level.
     logging.debug("step %d | %s", step, " | ".join(f"{k} {v:.4g}" for k, v in sorted(values.items())))
     return row
@@ -104,6 +108,8 @@ class MetricsWriter:
     grid = make_grid(images_uint8, captions, ncols)
     if self._tb is not None:
       self._tb.add_image(tag, grid, step)
+    if self._wandb is not None:
+      self._wandb.add_image(tag, grid, step)
     safe_tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", tag)
     path = os.path.join(self.samples_dir, f"{safe_tag}_{step:08d}.png")
     Image.fromarray(grid).save(path, format="PNG")
@@ -125,6 +131,9 @@ class MetricsWriter:
     if self._tb is not None:
       self._tb.close()
       self._tb = None
+    if self._wandb is not None:
+      self._wandb.close()
+      self._wandb = None
 
   def __enter__(self):
     return self
@@ -155,8 +164,17 @@ class NullWriter:
     pass
 
 
-def run_writer(workdir):
-  """The run's writer: a MetricsWriter on process 0, a NullWriter on the others."""
+def run_writer(workdir, config=None, job: str = "train"):
+  """The run's writer: a MetricsWriter on process 0 (also logging to W&B when `config.log.wandb`, as a run of job
+  type `job`), a NullWriter on the others."""
   import jax
 
-  return MetricsWriter(workdir) if jax.process_index() == 0 else NullWriter()
+  if jax.process_index():
+    return NullWriter()
+  wandb = None
+  if config is not None and config.log.wandb:
+    from glmrl.logging.wandb_run import WandbRun
+
+    wandb = WandbRun(workdir, project=config.log.wandb_project, name=config.log.wandb_name,
+                     mode=config.log.wandb_mode, job=job, config=config.to_dict())
+  return MetricsWriter(workdir, wandb=wandb)

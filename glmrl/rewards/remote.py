@@ -48,7 +48,7 @@ from PIL import Image
 
 from glmrl.errors import UserError
 from glmrl.rewards.registry import check_images, register_factory
-from glmrl.rewards.server import check_detection
+from glmrl.rewards.detections import check_detection
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # Each attempt of the start-up check (`probe`) waits this long at most: a run learns of a server that never

@@ -44,6 +44,8 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
+from glmrl.rewards.detections import check_detection
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -162,28 +164,6 @@ def format_output(values: Any, n: int) -> dict:
       raise ValueError(f"scorer output[{i}] = {v!r:.100} is neither a finite number nor (with all others) a string")
     scores.append(float(v))
   return {"scores": scores}
-
-
-def check_detection(d: Any, where: str) -> dict:
-  """One detection as JSON types: {"class", "score", "box"[, "color"]}; ValueError naming `where` otherwise."""
-  if not isinstance(d, dict) or not isinstance(d.get("class"), str) or not d["class"]:
-    raise ValueError(f"{where} = {d!r:.200} must be a dict with a non-empty 'class' string")
-  score, box = d.get("score"), d.get("box")
-  if isinstance(score, np.generic):
-    score = score.item()
-  if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
-    raise ValueError(f"{where}: score={score!r:.100} is not a finite number")
-  if isinstance(box, np.ndarray):
-    box = box.tolist()
-  if not isinstance(box, (list, tuple)) or len(box) != 4 or not all(
-      not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) for x in box):
-    raise ValueError(f"{where}: box={box!r:.100} must be 4 finite numbers [x0, y0, x1, y1]")
-  out = {"class": d["class"], "score": float(score), "box": [float(x) for x in box]}
-  if "color" in d:
-    if not isinstance(d["color"], str):
-      raise ValueError(f"{where}: color={d['color']!r:.100} is not a string")
-    out["color"] = d["color"]
-  return out
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

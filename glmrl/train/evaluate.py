@@ -106,7 +106,7 @@ def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
   Returns the report."""
   cfg = run.config
   scores = {}
-  writer = run_writer(workdir)
+  writer = run_writer(workdir, run.config, job="eval")
   try:
     for step in steps:
       params = run.sampling_params() if step == 0 else restored_params(run, workdir, use_ema, step)[0]
@@ -144,7 +144,7 @@ def evaluate(config, workdir: str, use_ema: bool = False) -> dict:
     return compare(run, workdir, steps, use_ema)
   params, step = restored_params(run, workdir, use_ema)
   os.makedirs(workdir, exist_ok=True)
-  writer = run_writer(workdir)
+  writer = run_writer(workdir, run.config, job="eval")
   try:
     return run_eval(run, params, writer, step or 0)
   finally:

@@ -13,6 +13,7 @@ LAYOUT = {
     "eval": (True, "evaluation reports and images"),
     "generate": (True, "generated images"),
     "metrics.jsonl": (False, "per-step metrics"),
+    "wandb": (True, "W&B runs (config.log.wandb)"),
 }
 
 

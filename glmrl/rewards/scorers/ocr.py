@@ -18,7 +18,9 @@ import numpy as np
 try:
   from rapidocr_onnxruntime import RapidOCR
 except ImportError as e:  # the server reports it in one line
-  raise ImportError(f"the OCR scorer needs rapidocr-onnxruntime: pip install -r requirements-ocr.txt ({e})") from None
+  # OpenCV (a rapidocr dependency) loads the system's libGL even headless.
+  fix = "apt-get install libgl1" if "libGL" in str(e) else "pip install -r requirements-ocr.txt"
+  raise ImportError(f"the OCR scorer needs rapidocr-onnxruntime and OpenCV: {fix} ({e})") from None
 
 # Recognitions below this confidence are dropped (a detector box over texture reads as noise).
 MIN_CONFIDENCE = 0.5

@@ -1,8 +1,11 @@
-"""The shipped OCR scorer reads rendered text back: directly, through the reward server with `text_accuracy`, and in
-`--mode=eval` on the `ocr` benchmark (tests/evaluation). Renders use Pillow's bundled font and the Debian fonts
-present (DejaVu, Liberation)."""
+"""The shipped OCR scorer reads rendered text back: directly, through the reward server with `text_accuracy`; and,
+served as users start it, it rewards a decoupled run's decoder and scores `--mode=eval` on the `ocr` benchmark.
+Renders use Pillow's bundled font and the Debian fonts present (DejaVu, Liberation)."""
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -14,6 +17,7 @@ from glmrl import rewards
 from glmrl.rewards import server as server_lib
 from glmrl.rewards.ocr_metrics import word_accuracy
 from glmrl.rewards.scorers import ocr
+from tests.test_main import ROOT, run_main
 
 FONT_FILES = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/truetype/dejavu/DejaVuSerif.ttf",
               "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf")
@@ -85,3 +89,59 @@ def test_text_accuracy_through_the_server_ranks_the_prompts_text_above_other_tex
     server.shutdown()
     server.server_close()
   assert right >= 0.9 and wrong <= 0.3 and right > wrong, (right, wrong)
+
+
+@pytest.fixture
+def served_ocr():
+  """`python -m glmrl.rewards.server --scorer=glmrl.rewards.scorers.ocr:read` (the README's command, any free port):
+  yields its URL and a function returning the request lines it logged so far."""
+  server = subprocess.Popen([sys.executable, "-m", "glmrl.rewards.server", "--scorer=glmrl.rewards.scorers.ocr:read",
+                             "--port=0", "--verbose"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+  try:
+    first = server.stdout.readline()
+    assert first.startswith("serving glmrl.rewards.scorers.ocr:read on http://127.0.0.1:"), \
+        first + server.stderr.read()
+    requests = []
+    reader = threading.Thread(target=lambda: requests.extend(server.stderr), daemon=True)
+    reader.start()
+    yield first.split()[-1], lambda: [line for line in requests if '"POST /score' in line]
+  finally:
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def test_the_served_scorer_rewards_a_decoupled_runs_decoder_and_scores_the_ocr_benchmark(served_ocr, tmp_path):
+  """The decoupled recipe's decoder reward as its README section starts it (the tiny random model draws no text, so
+  the reward is 0; the point is the path), then --mode=eval on 4 of the `ocr` benchmark's prompts with the OCR
+  metrics, on the demo's initial model: a report per category."""
+  url, posts = served_ocr
+  prompts = tmp_path / "signs.txt"
+  prompts.write_text('a shop sign that says "OPEN"\na poster reading "FRESH COFFEE"\n')
+  train = run_main("--config=configs/glm_image_t2i_decoupled.py:tiny", f"--config.data.prompts_file={prompts}",
+                   "--config.train.num_steps=1", "--config.log.image_interval=0",
+                   f"--config.decoder.rewards=({{'name': 'text_accuracy', 'weight': 1.0, 'kwargs': {{'url': '{url}'}}}},)",
+                   tmp_path=tmp_path / "decoupled", timeout=600)
+  assert train.returncode == 0, train.stderr[-3000:]
+  (row,) = [json.loads(line) for line in (tmp_path / "decoupled" / "metrics.jsonl").read_text().splitlines()]
+  assert row["decoder/reward/text_accuracy/mean"] == 0.0
+  answered = posts()
+  # The start-up check, then the rollout's 2 prompts x 4 grids x 2 samples = 16 images in chunks of 8.
+  assert len(answered) == 3 and all('" 200 ' in line for line in answered), answered
+
+  metrics = ", ".join(f"{{'name': '{name}', 'weight': {weight}, 'kwargs': {{'url': '{url}'}}}}"
+                      for name, weight in (("ocr_word_accuracy", 1.0), ("ocr_ned", 0.0)))
+  evaluated = run_main("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=ocr:4",
+                       "--config.eval.steps=0", "--config.data.max_prompt_tokens=64",
+                       "--config.data.max_glyph_tokens=64", f"--config.rewards=({metrics})",
+                       tmp_path=tmp_path / "eval", timeout=600)
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  report = json.loads((tmp_path / "eval" / "eval" / "report.json").read_text())
+  assert report["categories"] == {"ocr": 4, "overall": 4}
+  assert {"reward/ocr_word_accuracy", "reward/ocr_ned"} <= set(report["per_prompt"])
+  markdown = (tmp_path / "eval" / "eval" / "report.md").read_text()
+  assert "## reward/ocr_word_accuracy" in markdown and "## reward/ocr_ned" in markdown
+  assert "| ocr | 4 |" in markdown
+  assert all('" 200 ' in line for line in posts())
+  # Each metric's start-up check, then its 4 prompts x 8 samples = 32 images in chunks of 8.
+  assert len(posts()) == 3 + 2 * (1 + 4), posts()

@@ -1,0 +1,68 @@
+"""Weights & Biases as a second home of the run's scalars and sample grids (`config.log.wandb`; TensorBoard and
+metrics.jsonl are written either way).
+
+A training run's W&B run lives under `<workdir>/wandb/`; its id is kept in `<workdir>/wandb/train_run_id`, so a
+resumed run (or a rerun after an interruption) goes on logging into the same W&B run. Eval and generate start a W&B
+run of their own each time (job type "eval"), since their steps (checkpoints, 0 for the initial models) would go
+backwards in the training run's history. A resumed training run redoes the steps after its checkpoint; W&B keeps
+the values first logged for those (its steps only go forward) while metrics.jsonl keeps the redone ones.
+`log.wandb_mode="offline"` writes everything locally (`wandb sync DIR`
+uploads it later) and needs no network or account.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Mapping
+
+from glmrl.errors import UserError
+
+MODES = ("online", "offline")
+_ID_FILE = "train_run_id"
+
+
+def _run_id(directory: str, job: str) -> str | None:
+  """The training run's W&B id, created on its first start and kept in `directory`; None (a new id) for other jobs."""
+  if job != "train":
+    return None
+  path = os.path.join(directory, _ID_FILE)
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      return f.read().strip()
+  run_id = uuid.uuid4().hex[:12]
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(run_id + "\n")
+  return run_id
+
+
+class WandbRun:
+  """`add_scalars`, `add_image` and `close` into one W&B run, as `MetricsWriter` writes them to TensorBoard."""
+
+  def __init__(self, workdir: str, *, project: str, name: str, mode: str, job: str, config: Mapping | None = None):
+    import wandb  # optional (requirements-wandb.txt); config_checks names it before anything is built
+
+    self._wandb = wandb
+    directory = os.path.join(workdir, "wandb")
+    os.makedirs(directory, exist_ok=True)
+    try:
+      self._run = wandb.init(project=project, name=name or os.path.basename(os.path.abspath(workdir)), mode=mode,
+                             dir=workdir, id=_run_id(directory, job), resume="allow" if job == "train" else None,
+                             job_type=job, config=dict(config or {}))
+      self._first_new_step = self._run.step  # 0 for a new run; past the last logged step for a resumed one
+    except Exception as e:  # noqa: BLE001  (no account, no network, a bad project name: one line)
+      raise UserError(f"log.wandb: W&B did not start a run in mode {mode!r} ({type(e).__name__}: {e}); "
+                      f"--config.log.wandb_mode=offline logs without an account or network") from e
+
+  def _log(self, values: dict, step: int) -> None:
+    if step >= self._first_new_step:  # W&B would drop an earlier step with a warning per call
+      self._run.log(values, step=step)
+
+  def add_scalars(self, step: int, values: Mapping[str, float]) -> None:
+    self._log(dict(values), step)
+
+  def add_image(self, tag: str, image_HxWxC, step: int) -> None:
+    self._log({tag: self._wandb.Image(image_HxWxC)}, step)
+
+  def close(self) -> None:
+    self._run.finish()
