@@ -145,3 +145,19 @@ def test_the_served_scorer_rewards_a_decoupled_runs_decoder_and_scores_the_ocr_b
   assert all('" 200 ' in line for line in posts())
   # Each metric's start-up check, then its 4 prompts x 8 samples = 32 images in chunks of 8.
   assert len(posts()) == 3 + 2 * (1 + 4), posts()
+
+
+@pytest.mark.parametrize("failure,fix", [
+    ("No module named 'rapidocr_onnxruntime'", "pip install -r requirements-ocr.txt"),
+    ("libGL.so.1: cannot open shared object file: No such file or directory", "apt-get install libgl1"),
+])
+def test_a_server_without_its_ocr_engine_ends_in_one_line_naming_what_to_install(failure, fix, tmp_path):
+  """The engine's import failing as it does on a machine without the package, or without OpenCV's libGL."""
+  (tmp_path / "rapidocr_onnxruntime").mkdir()
+  (tmp_path / "rapidocr_onnxruntime" / "__init__.py").write_text(f"raise ImportError({failure!r})\n")
+  result = subprocess.run([sys.executable, "-m", "glmrl.rewards.server", "--scorer=glmrl.rewards.scorers.ocr:read"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])})
+  assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+  assert result.stderr.startswith("error: --scorer='glmrl.rewards.scorers.ocr:read': cannot import") and \
+         f"the OCR scorer needs rapidocr-onnxruntime and OpenCV: {fix} ({failure})" in result.stderr, result.stderr
