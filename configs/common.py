@@ -131,7 +131,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.decoder.window_slide_every = 0  # Rollout steps per window position; 0: a random window per rollout.
   c.decoder.window_slide_stride = 0  # Steps the window moves each time; 0: window_size.
   c.decoder.window_slide_roll_back = False  # Past the last start: back to the first (True) or stay (False).
-  c.decoder.clip_range = 1e-4  # PPO clip of the per-step ratio of mean log-probs (Flow-GRPO's 1e-4).
+  c.decoder.clip_range = 1e-4  # PPO clip of the per-step ratio of mean log-probs (Flow-GRPO's 1e-4; AWM's 1), <= 1.
   # GRPO-Guard (arXiv:2510.22319): the ratio's log scaled by the step's noise std with its mean-shift bias added
   # back (`glmrl.grpo.flow.guard_log_ratio`), so the clip acts alike on every step; retune clip_range with it.
   c.decoder.ratio_norm = False  # GRPO-Guard's normalised ratio (flow_grpo).

@@ -84,6 +84,8 @@ STRING = Rule(str)
 POSITIVE = number(lambda v: v > 0, "must be > 0")
 NON_NEGATIVE = number(lambda v: v >= 0, "must be >= 0")
 UNIT_OPEN = number(lambda v: 0 <= v < 1, "must be in [0, 1)")
+# A PPO clip's lower side: the ratio's lower bound 1 - epsilon stays >= 0 (1: unbounded below, AWM's released value).
+CLIP_LOW = number(lambda v: 0 <= v <= 1, "must be in [0, 1] (the ratio's lower bound 1 - epsilon must not be negative)")
 MESH_AXIS = Rule(int, lambda v: v == -1 or v >= 1, "must be -1 (the remaining devices) or >= 1")
 PIXELS = Rule(int, lambda v: v > 0 and v % 32 == 0, "must be a positive multiple of 32 (one AR token per 32 px)")
 
@@ -144,7 +146,7 @@ RULES: dict[str, Rule] = {
     "sampling.decode_batch": integer(-1, why="must be >= -1 (0 picks one sample per data x fsdp device, -1 decodes each batch whole)"),
     "grpo.group_size": integer(2, why="must be at least 2 (advantages are relative to the group)"),
     "grpo.num_iterations": integer(1),
-    "grpo.epsilon_low": UNIT_OPEN,
+    "grpo.epsilon_low": CLIP_LOW,
     "grpo.epsilon_high": NON_NEGATIVE,
     "grpo.beta": NON_NEGATIVE,
     "grpo.kl": choice(*grpo_loss.KL_ESTIMATORS),
@@ -195,7 +197,8 @@ RULES: dict[str, Rule] = {
     "decoder.window_slide_stride": integer(0, why="must be >= 0 (0: window_size)"),
     "decoder.window_slide_roll_back": BOOL,
     "decoder.ratio_norm": BOOL,
-    "decoder.clip_range": POSITIVE,
+    "decoder.clip_range": number(lambda v: 0 < v <= 1, "must be in (0, 1] (the ratio's lower bound 1 - clip_range "
+                                 "must not be negative; 1: AWM's released value)"),
     "decoder.adv_std": choice("group", "batch"),
     "decoder.adv_clip_max": POSITIVE,
     "decoder.beta": NON_NEGATIVE,

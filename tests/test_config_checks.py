@@ -37,7 +37,8 @@ def test_every_config_field_is_commented():
 @pytest.mark.parametrize("key,value,message", [
     ("mesh.data", -1, "at most one axis may be -1"),
     ("sampling.top_p", 0.0, "config.sampling.top_p=0.0"),
-    ("grpo.epsilon_low", 1.0, r"config.grpo.epsilon_low=1.0: must be in \[0, 1\)"),
+    ("grpo.epsilon_low", 1.5, r"config.grpo.epsilon_low=1.5: must be in \[0, 1\]"),
+    ("decoder.clip_range", 1.5, r"config.decoder.clip_range=1.5: must be in \(0, 1\]"),
     ("data.mode", "video", "config.data.mode='video'"),
     ("rollout.ar_weights", "tensor", r"config.rollout.ar_weights='tensor': must be one of \['auto', 'update', 'gathered'\]"),
 ])

@@ -75,8 +75,10 @@ def policy_loss(logp, old_logp, advantages, mask, *, epsilon_low=0.2, epsilon_hi
   for name, eps in (("epsilon_low", epsilon_low), ("epsilon_high", epsilon_high)):
     if is_static(eps) and not 0.0 <= eps:
       raise ValueError(f"{name}={eps} must be >= 0")
-  if is_static(epsilon_low) and not epsilon_low < 1.0:
-    raise ValueError(f"epsilon_low={epsilon_low} must be < 1 (the ratio's lower bound 1 - epsilon_low must be positive)")
+  # epsilon_low = 1 leaves the ratio unbounded below (AWM's released clip_range = 1); more would be a negative bound.
+  if is_static(epsilon_low) and not epsilon_low <= 1.0:
+    raise ValueError(f"epsilon_low={epsilon_low} must be <= 1 (the ratio's lower bound 1 - epsilon_low must not be "
+                     "negative)")
   if max_tokens is not None:
     if aggregation != "seq_mean_token_sum_norm":
       raise ValueError(f"max_tokens={max_tokens} only applies to aggregation='seq_mean_token_sum_norm', "

@@ -44,6 +44,25 @@ def test_matches_reference(aggregation, kl, beta):
   np.testing.assert_allclose(aux["clip_frac_high"], np.mean((r > 1.28) & (a > 0)), atol=1e-7)
 
 
+def test_a_clip_of_one_leaves_the_ratio_unbounded_below_as_the_reference():
+  """epsilon_low = 1 (AWM's released clip range): the lower bound is 0, below every ratio, so only the upper side
+  clips; value and gradient as the float64 reference with the same bounds."""
+  logp, old, _, adv, mask = make_batch(seed=3)
+  old = old + np.where(np.arange(old.shape[1]) % 2, 2.0, -2.0).astype(np.float32)  # ratios far from 1 both ways
+  fn = lambda lp: policy_loss(lp, old, adv, mask, epsilon_low=1.0, epsilon_high=1.0, aggregation="token_mean")
+  (loss, aux), grad = jax.value_and_grad(fn, has_aux=True)(logp)
+  per_tok, _ = reference.per_token_loss(logp, old, adv, 1.0, 1.0, None, 0.0, "k3")
+  np.testing.assert_allclose(loss, reference.aggregate(per_tok, mask, "token_mean"), rtol=1e-5, atol=1e-6)
+  assert aux["clip_frac_low"] == 0.0 and aux["clip_frac_high"] > 0.0
+  eps = 1e-3  # central differences of the float64 reference at every token in the loss
+  for b, t in zip(*np.nonzero(mask)):
+    bump = np.zeros_like(logp, np.float64)
+    bump[b, t] = eps
+    hi_, lo_ = (reference.aggregate(reference.per_token_loss(logp + s * bump, old, adv, 1.0, 1.0, None, 0.0, "k3")[0],
+                                    mask, "token_mean") for s in (1, -1))
+    np.testing.assert_allclose(grad[b, t], (hi_ - lo_) / (2 * eps), rtol=1e-3, atol=1e-6)
+
+
 def test_kl_skipped_without_reference_or_beta():
   logp, old, ref, adv, mask = make_batch()
   base, _ = policy_loss(logp, old, adv, mask)
