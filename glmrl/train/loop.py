@@ -36,7 +36,6 @@ class Trainer:
 
   def __init__(self, config, workdir: str):
     self.config, self.workdir = config, workdir
-    self.writer = run_writer(workdir, config)  # first: a W&B run that cannot start fails before any model is built
     directory, saved = os.path.join(workdir, "checkpoints"), saved_steps(workdir)
     resume = read_meta(directory, saved[-1]) if saved and not step_problem(directory, saved[-1]) else None
     self.run = setup_lib.build(config, train=True, resume_data=resume and resume.get("data"))
@@ -52,6 +51,7 @@ class Trainer:
         items=tuple(self._saved_items()),
         records=records, source_checkpoint_dir=config.model.checkpoint_dir,
         adapters={s.policy.adapters_file: s.adapters_record(config) for s in self.states.values()})
+    self.writer = run_writer(workdir, config)
     self.nonfinite_run = 0
     self.nonfinite_total = 0
     prefixes = [p.prefix(tuple(self.run.policies)) for p in self.run.policies.values()]
