@@ -172,7 +172,7 @@ class Updater:
   """The trainer's jitted decoder update (params and optimizer state donated, carried from call to call)."""
 
   def __init__(self, graphdef, adapters, base):
-    optim = dict(learning_rate=3e-4, warmup_steps=0, weight_decay=1e-4, b1=0.9, b2=0.999, max_grad_norm=1.0)
+    optim = dict(learning_rate=3e-4, warmup_steps=0, weight_decay=1e-4, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0)
     tx, schedule = optimizer_lib.make_optimizer(argparse.Namespace(**optim), num_steps=1000)
     spec = decoder_policy.DecoderSpec(noise_level=NOISE, guidance_scale=GUIDANCE, clip_range=CLIP,
                                     adv_clip_max=ADV_CLIP, beta=0.0, micro_batches=1, reference="adapters_off")

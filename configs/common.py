@@ -82,6 +82,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.weight_decay = 0.0  # AdamW decoupled weight decay.
   c.optim.b1 = 0.9  # AdamW beta1.
   c.optim.b2 = 0.999  # AdamW beta2.
+  # Added to sqrt(v): gradients far below it take steps shrunk by |g| / eps (OCR-reward RL has been reported to give
+  # gradients under 1e-8 and to train with 1e-15).
+  c.optim.eps = 1e-8  # AdamW epsilon (optax's default).
   c.optim.max_grad_norm = 1.0  # Global gradient-norm clipping threshold.
 
   c.train = ml_collections.ConfigDict()
@@ -150,6 +153,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.decoder.optim.weight_decay = 1e-4  # AdamW decoupled weight decay.
   c.decoder.optim.b1 = 0.9  # AdamW beta1.
   c.decoder.optim.b2 = 0.999  # AdamW beta2.
+  c.decoder.optim.eps = 1e-8  # AdamW epsilon (see optim.eps).
   c.decoder.optim.max_grad_norm = 1.0  # Global gradient-norm clipping threshold.
   # The decoder's rewards (same entries as config.rewards, which are the AR policy's).
   c.decoder.rewards = (ml_collections.ConfigDict({"name": "brightness", "weight": 1.0}),)  # {name, weight, ...}

@@ -40,7 +40,7 @@ def make_optimizer(optim_cfg, num_steps: int, num_iterations: int = 1
   schedule = learning_rate_schedule(optim_cfg, num_steps, num_iterations)
   tx = optax.chain(
       optax.clip_by_global_norm(optim_cfg.max_grad_norm),
-      optax.adamw(schedule, b1=optim_cfg.b1, b2=optim_cfg.b2, weight_decay=optim_cfg.weight_decay),
+      optax.adamw(schedule, b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay),
   )
   return tx, schedule
 

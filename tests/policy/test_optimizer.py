@@ -10,7 +10,7 @@ from glmrl.policy import optimizer
 
 
 def optim_cfg(**kw):
-  base = dict(learning_rate=1.0, warmup_steps=3, weight_decay=0.0, b1=0.9, b2=0.999, max_grad_norm=1e9)
+  base = dict(learning_rate=1.0, warmup_steps=3, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1e9)
   return ml_collections.ConfigDict({**base, **kw})
 
 
@@ -37,6 +37,18 @@ def test_schedule_counts_updates(num_iterations):
   assert values.min() > 0 and values[-1] > 0
   # The rollout step where the peak is reached does not depend on num_iterations.
   assert (warmup - 1) // num_iterations == 2
+
+
+@pytest.mark.parametrize("eps", [1e-8, 1e-15])
+def test_adam_epsilon_sets_how_far_tiny_gradients_move(eps):
+  """optim.eps: a constant gradient g of 1e-10 moves a parameter by lr g / (|g| + eps) per step (bias-corrected
+  moments m = g, v = g^2): 1% of the learning rate at the default 1e-8, all of it at 1e-15."""
+  tx, _ = optimizer.make_optimizer(optim_cfg(learning_rate=1e-2, warmup_steps=0, eps=eps), 100)
+  params = {"w": jnp.zeros((3,), jnp.float32)}
+  grads = {"w": jnp.full((3,), 1e-10, jnp.float32)}
+  updates, _ = tx.update(grads, tx.init(params), params)
+  g = np.float64(np.float32(1e-10))
+  np.testing.assert_allclose(np.asarray(updates["w"]), -1e-2 * g / (g + eps) * np.ones(3), rtol=1e-5)
 
 
 @pytest.mark.parametrize("num_iterations", [1, 2, 4])
