@@ -346,6 +346,11 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
     close = difflib.get_close_matches(unchecked[0], list(RULES), n=1, cutoff=0.75)
     raise ConfigError(f"config.{unchecked[0]} is not a config key"
                       + (f" (did you mean config.{close[0]}?)" if close else " (all keys: configs/common.py)"))
+  missing = [key for key in RULES if key not in values]
+  if missing:
+    # A config file written before the key existed, e.g. an older run's <workdir>/config.py after an upgrade.
+    raise ConfigError(f"config.{missing[0]} is missing (and {len(missing) - 1} more key(s)): the config file predates "
+                      "it; add it with the default configs/common.py gives it")
   _check(mode in MODES, "--mode", mode, f"must be one of {list(MODES)}")
   # Compiling needs shapes only: no prompts are read and no weights (without a checkpoint: the preset's).
   unread = ("data.prompts_file", "model.checkpoint_dir") if mode == "compile" else ()

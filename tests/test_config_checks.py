@@ -162,3 +162,13 @@ def test_wandb_logging_names_its_package_and_modes(monkeypatch):
   with pytest.raises(config_checks.ConfigError, match=r"config.log.wandb=True: needs the wandb package: pip install "
                                                       r"-r requirements-wandb.txt"):
     config_checks.validate(cfg)
+
+
+def test_a_config_file_older_than_a_key_is_told_which_key_is_missing():
+  """An older run's <workdir>/config.py holds the keys of its day: one line, not a KeyError."""
+  import ml_collections
+  old = load_config("demo").to_dict()
+  del old["log"]["wandb"], old["optim"]["eps"]
+  with pytest.raises(config_checks.ConfigError, match=r"config.optim.eps is missing \(and 1 more key\(s\)\): the "
+                                                      r"config file predates it"):
+    config_checks.validate(ml_collections.ConfigDict(old))
