@@ -3,8 +3,9 @@ every `--image_interval` steps) with TensorBoard alone against TensorBoard plus 
 
     python bench/wandb_logging.py [--steps=60] [--image_interval=10] [--repeats=5]
 
-Each repeat writes `--steps` steps into a fresh folder with each writer, the two alternating, and prints the median milliseconds per step of each and their ratio. Opening and closing the W&B run (its service
-process start, its final sync of the files) are timed apart: they happen once per run, not per step.
+Each repeat writes `--steps` steps into a fresh folder with each writer, the two alternating, and prints the median
+milliseconds per step of each and their ratio. Opening and closing the W&B run (its service process start, its final
+sync of the files) are timed apart: they happen once per run, not per step.
 """
 
 from __future__ import annotations

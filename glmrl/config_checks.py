@@ -26,7 +26,7 @@ from glmrl.grpo import advantages as grpo_advantages
 from glmrl.grpo import flow as grpo_flow
 from glmrl.grpo import loss as grpo_loss
 from glmrl.grpo import matching as grpo_matching
-from glmrl.logging import wandb_run as wandb_modes
+from glmrl.logging import wandb_run
 from glmrl.models import glm_image
 from glmrl.models import lora as lora_lib
 from glmrl.models.dit import attention as dit_attention
@@ -220,7 +220,7 @@ RULES: dict[str, Rule] = {
     "log.wandb": BOOL,
     "log.wandb_project": Rule(str, bool, "must name a W&B project"),
     "log.wandb_name": STRING,
-    "log.wandb_mode": choice(*wandb_modes.MODES),
+    "log.wandb_mode": choice(*wandb_run.MODES),
     "eval.interval": integer(0, why="must be >= 0 (0 disables periodic evaluation)"),
     "compile.topology": STRING,
     "eval.prompts_file": STRING,

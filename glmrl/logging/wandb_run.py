@@ -1,14 +1,13 @@
 """Weights & Biases as a second home of the run's scalars and sample grids (`config.log.wandb`; TensorBoard and
-metrics.jsonl are written either way).
+metrics.jsonl are written either way; docs/wandb.md).
 
 A training run's W&B run lives under `<workdir>/wandb/`; its id is kept in `<workdir>/wandb/train_run_id`, so a
-resumed run (or a rerun after an interruption) goes on logging into the same W&B run. Eval and generate start a W&B
-run of their own each time (job type "eval"), since their steps (checkpoints, 0 for the initial models) would go
-backwards in the training run's history. A resumed training run redoes the steps after its checkpoint; W&B keeps
-the values first logged for those (its steps only go forward) while metrics.jsonl keeps the redone ones.
-`log.wandb_mode="offline"` writes everything locally (`wandb sync DIR`
-uploads it later) and needs no network or account.
-"""
+resumed run (or a rerun after an interruption) goes on logging into the same W&B run. `--mode=eval` starts a W&B run
+of its own each time (job type "eval"), since its steps (checkpoints, 0 for the initial models) would go backwards
+in the training run's history. A resumed training run redoes the steps after its checkpoint; W&B keeps the values
+first logged for those (its steps only go forward) while metrics.jsonl keeps the redone ones.
+`log.wandb_mode="offline"` writes everything locally (`wandb sync DIR` uploads it later) and needs no network or
+account."""
 
 from __future__ import annotations
 

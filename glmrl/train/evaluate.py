@@ -106,7 +106,7 @@ def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
   Returns the report."""
   cfg = run.config
   scores = {}
-  writer = run_writer(workdir, run.config, job="eval")
+  writer = run_writer(workdir, cfg, job="eval")
   try:
     for step in steps:
       params = run.sampling_params() if step == 0 else restored_params(run, workdir, use_ema, step)[0]
