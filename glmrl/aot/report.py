@@ -24,7 +24,6 @@ import numpy as np
 
 from glmrl.aot import hlo
 from glmrl.policy import decoder as decoder_policy
-from glmrl.policy import decoder_matching
 from glmrl.policy import registry
 
 MFU_ASSUMPTION = 0.4  # model FLOPs utilisation assumed for the step-time estimate
@@ -74,14 +73,11 @@ def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> d
   if "decoder" in policies:
     settings = policies["decoder"].settings(config)
     train_pass = one_pass if cfg_free else guided
-    algorithm = config.decoder.algorithm
-    # Forward + backward (2x, 4x with the whole DiT's weight gradients), the reference's forward under a KL,
-    # and for nft (or an EMA anchor) the moving average's forward.
-    passes = 1 + (2 if settings.lora.enabled else 4) + (1 if settings.beta > 0 else 0) + (
-        1 if algorithm == "nft" or config.decoder.ema_beta > 0 else 0)
-    trained_steps = config.decoder.window_size if algorithm == "flow_grpo" else decoder_matching.train_timesteps(
-        config)
-    out["decoder_update"] = float(settings.num_iterations * images * trained_steps * train_pass * passes)
+    policy = policies["decoder"]
+    # Forward + backward (2x, 4x with the whole DiT's weight gradients) and the anchors' forwards the policy runs.
+    passes = 1 + (2 if settings.lora.enabled else 4) + policy.anchor_passes(config)
+    out["decoder_update"] = float(settings.num_iterations * images * policy.trained_steps(config) * train_pass
+                                  * passes)
   return out
 
 

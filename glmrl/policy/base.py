@@ -105,3 +105,9 @@ class Policy(Protocol):
 
   def rollout_trainable(self, state):
     """The trained state its rollouts sample with: its parameters, or (DiffusionNFT) their moving average."""
+
+  def trained_steps(self, config) -> int:
+    """(DiT policies) Denoising steps its update trains per image, for the compile report's FLOPs."""
+
+  def anchor_passes(self, config) -> int:
+    """(DiT policies) DiT forwards its update adds per trained step beside its own (reference, moving average)."""

@@ -284,5 +284,13 @@ class DecoderPolicy:
   def rollout_trainable(self, state):
     return state.trainable
 
+  def trained_steps(self, config) -> int:
+    """Denoising steps its update trains per image (the FLOPs of `glmrl.aot.report`): the SDE window."""
+    return config.decoder.window_size
+
+  def anchor_passes(self, config) -> int:
+    """The DiT forwards its update adds per trained step beside its own: the reference's under a KL."""
+    return int(float(config.decoder.beta) > 0)
+
 
 POLICY = DecoderPolicy()

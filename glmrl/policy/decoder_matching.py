@@ -59,18 +59,67 @@ class Anchors:
 
 
 @dataclasses.dataclass(frozen=True)
+class NftObjective:
+  """DiffusionNFT's loss of one slot: the trained velocity against the moving average's (its old policy) at the
+  same x_t, weighted by the advantage as an optimality probability (`matching.nft_loss`)."""
+  nft_beta: float
+  adv_clip_max: float
+  contrasts_average = True  # its loss needs the moving average's velocity
+  has_ratio = False
+  stats = ("kl_mean", "old_deviation")
+
+  def slot_loss(self, v, x_t, target, sigma, mb, k, fixed, first, kl, mask, beta):
+    """(numerator, aux, old log-probs [b] or None) of slot k."""
+    del target, k, first
+    masked_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    r = matching.optimality(mb.advantages, self.adv_clip_max)
+    loss = matching.nft_loss(v, fixed["ema"], mb.x0, x_t, sigma, r, beta=self.nft_beta, scale=self.adv_clip_max)
+    numerator = jnp.sum(loss * mask)
+    if kl is not None:
+      numerator = numerator + beta * jnp.sum(kl * mask)
+    aux = {"denominator": jnp.sum(mask), "kl_mean": masked_mean(kl) if kl is not None else jnp.zeros(()),
+           "old_deviation": masked_mean(jax.lax.stop_gradient(matching.velocity_kl(v, fixed["ema"])))}
+    return numerator, aux, None
+
+
+@dataclasses.dataclass(frozen=True)
+class AwmObjective:
+  """AWM's loss of one slot: the flow-matching loss as the sample's log-likelihood (`matching.awm_logprob`) in
+  Flow-GRPO's clipped ratio with its advantage; old log-probs from the first update (ratio exactly 1 then)."""
+  clip_range: float
+  adv_clip_max: float
+  weighting: str         # the log-likelihood's weighting (`matching.AWM_WEIGHTINGS`)
+  contrasts_average = False
+  has_ratio = True
+  stats = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
+
+  def slot_loss(self, v, x_t, target, sigma, mb, k, fixed, first, kl, mask, beta):
+    del x_t, fixed
+    logp = matching.awm_logprob(v, target, sigma, self.weighting)
+    old = jnp.where(first, jax.lax.stop_gradient(logp), mb.old_logp[:, k])
+    numerator, denominator, aux = flow.flow_policy_loss(
+        logp, old, mb.advantages, mask, clip_range=self.clip_range, adv_clip_max=self.adv_clip_max, kl_B=kl,
+        beta=beta)
+    aux = dict(aux, denominator=denominator)
+    if kl is None:
+      aux["kl_mean"] = jnp.zeros(())
+    return numerator, aux, old
+
+
+@dataclasses.dataclass(frozen=True)
 class MatchingSpec:
   """Static description of the update (part of the compiled program's identity)."""
-  algorithm: str         # "nft" | "awm"
+  objective: NftObjective | AwmObjective
   guidance_scale: float
-  adv_clip_max: float
-  nft_beta: float
-  clip_range: float
-  weighting: str         # AWM's log-likelihood weighting (`matching.AWM_WEIGHTINGS`)
   beta: float            # velocity KL to the reference
   ema_beta: float        # velocity KL to the moving average
   micro_batches: int
   reference: str = "params"  # "params" (a copy of the initial DiT) or "adapters_off" (DiT LoRA)
+
+  @property
+  def uses_average(self) -> bool:
+    """The update runs the moving average's velocity: the objective contrasts with it, or it anchors the loss."""
+    return self.objective.contrasts_average or self.ema_beta > 0
 
 
 def velocity(graphdef, params, frozen, mb: MatchingRollout, x_t, t_b, spec: MatchingSpec):
@@ -94,24 +143,7 @@ def _slot_loss(params, graphdef, frozen, mb, k, fixed, first, spec: MatchingSpec
   mask = mb.mask[:, k]
   masked_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
   kl = None if fixed["ref"] is None else matching.velocity_kl(v, fixed["ref"])
-  old = None
-  if spec.algorithm == "nft":
-    r = matching.optimality(mb.advantages, spec.adv_clip_max)
-    loss = matching.nft_loss(v, fixed["ema"], mb.x0, x_t, sigma, r, beta=spec.nft_beta, scale=spec.adv_clip_max)
-    numerator = jnp.sum(loss * mask)
-    if kl is not None:
-      numerator = numerator + spec.beta * jnp.sum(kl * mask)
-    aux = {"denominator": jnp.sum(mask), "kl_mean": masked_mean(kl) if kl is not None else jnp.zeros(()),
-           "old_deviation": masked_mean(jax.lax.stop_gradient(matching.velocity_kl(v, fixed["ema"])))}
-  else:
-    logp = matching.awm_logprob(v, target, sigma, spec.weighting)
-    old = jnp.where(first, jax.lax.stop_gradient(logp), mb.old_logp[:, k])
-    numerator, denominator, aux = flow.flow_policy_loss(
-        logp, old, mb.advantages, mask, clip_range=spec.clip_range, adv_clip_max=spec.adv_clip_max, kl_B=kl,
-        beta=spec.beta)
-    aux = dict(aux, denominator=denominator)
-    if kl is None:
-      aux["kl_mean"] = jnp.zeros(())
+  numerator, aux, old = spec.objective.slot_loss(v, x_t, target, sigma, mb, k, fixed, first, kl, mask, spec.beta)
   if spec.ema_beta > 0:
     ema_kl = matching.velocity_kl(v, fixed["ema"])
     numerator = numerator + spec.ema_beta * jnp.sum(ema_kl * mask)
@@ -120,9 +152,7 @@ def _slot_loss(params, graphdef, frozen, mb, k, fixed, first, spec: MatchingSpec
 
 
 def mean_stats(spec: MatchingSpec) -> tuple[str, ...]:
-  stats = ("kl_mean", "old_deviation") if spec.algorithm == "nft" else (
-      "ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
-  return stats + (("ema_kl_mean",) if spec.ema_beta > 0 else ())
+  return spec.objective.stats + (("ema_kl_mean",) if spec.ema_beta > 0 else ())
 
 
 def accumulate_gradients(graphdef, params, frozen, rollout: MatchingRollout, anchors: Anchors, first, *,
@@ -130,7 +160,7 @@ def accumulate_gradients(graphdef, params, frozen, rollout: MatchingRollout, anc
   """(summed float32 gradient of the numerators, statistics, AWM's old log-probs [B, K] or None)."""
   grad_fn = jax.grad(_slot_loss, has_aux=True)
   ref = lora_lib.adapters_off(params) if spec.reference == "adapters_off" else anchors.reference
-  use_ema = spec.algorithm == "nft" or spec.ema_beta > 0
+  use_ema = spec.uses_average
   stats_names = mean_stats(spec)
   slots = rollout.timesteps.shape[1]
 
@@ -148,7 +178,7 @@ def accumulate_gradients(graphdef, params, frozen, rollout: MatchingRollout, anc
     carry, old_KxB = jax.lax.scan(lambda c, k: slot(c, k, mb), carry, jnp.arange(slots))
     return carry, None if old_KxB is None else old_KxB.T
 
-  carry0 = accumulate.init(params, stats_names, ratio=spec.algorithm == "awm")
+  carry0 = accumulate.init(params, stats_names, ratio=spec.objective.has_ratio)
   (grads_sum, stats), old_MxBxK = jax.lax.scan(micro_batch, carry0,
                                                accumulate.split_micro(rollout, spec.micro_batches))
   return grads_sum, stats, accumulate.merge_micro(old_MxBxK)
@@ -176,20 +206,20 @@ def draw_slots(key, model_timesteps_S, sigmas_S1, images: int, slots: int):
   return model_timesteps_S[idx_BxK], sigmas_S1[:steps][idx_BxK]
 
 
-def matching_spec(config, algorithm: str, images: int) -> MatchingSpec:
+def matching_spec(config, objective, images: int) -> MatchingSpec:
   d, settings = config.decoder, decoder_lib.POLICY.settings(config)
   return MatchingSpec(
-      algorithm=algorithm, guidance_scale=decoder_lib.train_guidance(config), adv_clip_max=float(d.adv_clip_max),
-      nft_beta=float(d.nft_beta), clip_range=float(d.clip_range), weighting=d.awm_weighting, beta=settings.beta,
+      objective=objective, guidance_scale=decoder_lib.train_guidance(config), beta=settings.beta,
       ema_beta=float(d.ema_beta), micro_batches=decoder_lib.micro_batches(config, images),
       reference="adapters_off" if settings.lora.enabled else "params")
 
 
 class MatchingPolicy(decoder_lib.DecoderPolicy):
-  """DiffusionNFT or AWM on the DiT: groups of one token grid's ODE samples (differing by their initial noise)."""
+  """A forward-process policy on the DiT: groups of one token grid's ODE samples (differing by their initial noise),
+  trained at drawn timesteps of their clean latents. Subclasses give the objective."""
 
-  def __init__(self, algorithm: str):
-    self.algorithm = algorithm
+  def objective(self, config):
+    raise NotImplementedError
 
   def request(self, config) -> Request:
     return Request(samples_per_grid=config.decoder.group_size, clean=True)
@@ -204,7 +234,7 @@ class MatchingPolicy(decoder_lib.DecoderPolicy):
 
   def make_update(self, state, config, shape):
     images, = shape
-    return state.jit_update(update, matching_spec(config, self.algorithm, images))
+    return state.jit_update(update, matching_spec(config, self.objective(config), images))
 
   def after_first(self, batch: MatchingRollout, outputs, config) -> tuple[MatchingRollout, dict]:
     del config
@@ -215,10 +245,34 @@ class MatchingPolicy(decoder_lib.DecoderPolicy):
   def anchors(self, state) -> Anchors:
     return Anchors(state.reference, state.ema)
 
+  def trained_steps(self, config) -> int:
+    return train_timesteps(config)
+
+  def anchor_passes(self, config) -> int:
+    """The DiT forwards its update adds per trained step beside its own: the reference's under a KL, the moving
+    average's when the objective contrasts with it or an anchor weighs it."""
+    d = config.decoder
+    return int(float(d.beta) > 0) + int(self.objective(config).contrasts_average or float(d.ema_beta) > 0)
+
+
+class NftPolicy(MatchingPolicy):
+  """DiffusionNFT: samples with its old policy, the moving average, and contrasts with it."""
+
+  def objective(self, config) -> NftObjective:
+    return NftObjective(nft_beta=float(config.decoder.nft_beta), adv_clip_max=float(config.decoder.adv_clip_max))
+
   def rollout_trainable(self, state):
-    # DiffusionNFT samples with its old policy, the moving average; AWM with the trained parameters.
-    return state.ema_params() if self.algorithm == "nft" else state.trainable
+    return state.ema_params()
 
 
-NFT = MatchingPolicy("nft")
-AWM = MatchingPolicy("awm")
+class AwmPolicy(MatchingPolicy):
+  """AWM: samples with the trained parameters."""
+
+  def objective(self, config) -> AwmObjective:
+    d = config.decoder
+    return AwmObjective(clip_range=float(d.clip_range), adv_clip_max=float(d.adv_clip_max),
+                        weighting=d.awm_weighting)
+
+
+NFT = NftPolicy()
+AWM = AwmPolicy()

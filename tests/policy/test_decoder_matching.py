@@ -28,9 +28,11 @@ STEPS, SLOTS, B = 4, 2, 4
 GUIDANCE = 3.0
 
 
-def spec(**kw):
-  base = dict(algorithm="nft", guidance_scale=GUIDANCE, adv_clip_max=5.0, nft_beta=0.5, clip_range=0.5,
-              weighting="t", beta=0.0, ema_beta=0.0, micro_batches=1, reference="adapters_off")
+def spec(algorithm="nft", **kw):
+  objective = (dm.NftObjective(nft_beta=0.5, adv_clip_max=5.0) if algorithm == "nft" else
+               dm.AwmObjective(clip_range=0.5, adv_clip_max=5.0, weighting="t"))
+  base = dict(objective=objective, guidance_scale=GUIDANCE, beta=0.0, ema_beta=0.0, micro_batches=1,
+              reference="adapters_off")
   return dm.MatchingSpec(**{**base, **kw})
 
 
@@ -78,14 +80,15 @@ def direct_loss(adapters, setup, s: dm.MatchingSpec, old_logp=None):
     v = velocity(graphdef, adapters, base, rollout, x_t, t)
     v_ema = jax.lax.stop_gradient(velocity(graphdef, ema, base, rollout, x_t, t))
     v_ref = jax.lax.stop_gradient(velocity(graphdef, off, base, rollout, x_t, t))
-    if s.algorithm == "nft":
-      r = matching.optimality(rollout.advantages, s.adv_clip_max)
-      term = matching.nft_loss(v, v_ema, rollout.x0, x_t, sigma, r, beta=s.nft_beta, scale=s.adv_clip_max)
+    o = s.objective
+    if isinstance(o, dm.NftObjective):
+      r = matching.optimality(rollout.advantages, o.adv_clip_max)
+      term = matching.nft_loss(v, v_ema, rollout.x0, x_t, sigma, r, beta=o.nft_beta, scale=o.adv_clip_max)
     else:
       logp = -sigma * jnp.mean(jnp.square(v - (eps - rollout.x0)), axis=(1, 2, 3))
       ratio = jnp.exp(logp - old_logp[:, k])
       a = jnp.clip(rollout.advantages, -5.0, 5.0)
-      term = jnp.maximum(-a * ratio, -a * jnp.clip(ratio, 1 - s.clip_range, 1 + s.clip_range))
+      term = jnp.maximum(-a * ratio, -a * jnp.clip(ratio, 1 - o.clip_range, 1 + o.clip_range))
     term = term + s.beta * jnp.mean(jnp.square(v - v_ref), axis=(1, 2, 3))
     term = term + s.ema_beta * jnp.mean(jnp.square(v - v_ema), axis=(1, 2, 3))
     total = total + jnp.sum(term * rollout.mask[:, k])
