@@ -8,7 +8,7 @@ On a random DiT somewhat bigger than `DiTConfig.tiny` with DiT LoRA (DIT_TARGETS
 in --dtype (torch: autocast to it), one batch of B samples at R x R pixels, both sides on the same device (torch on
 CUDA when JAX runs on a GPU, `bench/accel.py`), timed in one run (median of --reps, interleaved, after one untimed
 compile call):
-1. the jitted `glmrl.policy.decoder.update` (first=True: old = stop_gradient(new)) for each SDE window size W, per
+1. the jitted `glmrl.policy.flow_grpo.update` (first=True: old = stop_gradient(new)) for each SDE window size W, per
    call and per trained timestep (/ W), also as a multiple of one CFG-guided velocity (two DiT passes): a sampling
    step's forward;
 2. the rollout's denoise + decode (`decode.denoise_and_decode`, T steps) with an SDE window of --window steps
@@ -80,7 +80,7 @@ from glmrl.models.dit import DiTConfig, GlmImageDiT  # noqa: E402
 from glmrl.models.vae import AutoencoderKL, VAEConfig  # noqa: E402
 from glmrl.sampling import decode, scheduler  # noqa: E402
 from glmrl.policy import accumulate  # noqa: E402
-from glmrl.policy import decoder as decoder_policy  # noqa: E402
+from glmrl.policy import flow_grpo as decoder_policy  # noqa: E402
 from glmrl.policy import optimizer as optimizer_lib  # noqa: E402
 
 # Flow-GRPO's defaults, as configs/common.py (decoder.*, sampling.guidance_scale).
@@ -157,11 +157,11 @@ def rollout_fn(graphdef, adapters, base, vae_def, vae_state, x: dict, window: in
   return lambda: jax.block_until_ready(decode.denoise_and_decode(*args))[2]
 
 
-def decoder_rollout(traj: decode.Trajectory, x: dict, start: int, size: int) -> decoder_policy.DecoderRollout:
+def decoder_rollout(traj: decode.Trajectory, x: dict, start: int, size: int) -> decoder_policy.FlowRollout:
   """The update's batch: `size` recorded steps from `start` of an all-SDE trajectory ([T, B, ...])."""
   cut_BxW = lambda a: jnp.swapaxes(a[start:start + size], 0, 1)
   b = x["noise_BxCxhxw"].shape[0]
-  return decoder_policy.DecoderRollout(
+  return decoder_policy.FlowRollout(
       cond=conditioning(x), target_size=jnp.asarray(x["size_Bx2"]), crop=jnp.asarray(x["crop_Bx2"]),
       latents_before=cut_BxW(traj.latents_before), latents_after=cut_BxW(traj.latents_after),
       sampler_logp=cut_BxW(traj.sampler_logp), old_logp=jnp.full((b, size), jnp.nan),
@@ -174,7 +174,7 @@ class Updater:
   def __init__(self, graphdef, adapters, base):
     optim = dict(learning_rate=3e-4, warmup_steps=0, weight_decay=1e-4, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0)
     tx, schedule = optimizer_lib.make_optimizer(argparse.Namespace(**optim), num_steps=1000)
-    spec = decoder_policy.DecoderSpec(noise_level=NOISE, guidance_scale=GUIDANCE, clip_range=CLIP,
+    spec = decoder_policy.FlowSpec(noise_level=NOISE, guidance_scale=GUIDANCE, clip_range=CLIP,
                                     adv_clip_max=ADV_CLIP, beta=0.0, micro_batches=1, reference="adapters_off")
     self.fn = accumulate.jit_update(decoder_policy.update, graphdef, spec=spec, tx=tx, schedule=schedule)
     self.base = base
@@ -182,7 +182,7 @@ class Updater:
 
   def call(self, rollout, window):
     self.params, self.opt_state, metrics, _ = self.fn(self.params, self.base, self.opt_state,
-                                                      decoder_policy.DecoderBatch(rollout, window), None, True)
+                                                      decoder_policy.FlowBatch(rollout, window), None, True)
     jax.block_until_ready((self.params, metrics))
 
 

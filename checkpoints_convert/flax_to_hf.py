@@ -38,11 +38,12 @@ from checkpoints_convert import safetensors_stream as st
 from glmrl.checkpoint import manager as train_ckpt
 from glmrl.checkpoint import params as params_lib
 from glmrl.checkpoint.params import PARAMS_DIR
+from glmrl.policy import registry as policy_registry
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 TRAINING_CONFIG = "ar_config.json"
-TRAINING_COMPONENT = "vision_language_encoder"
-DECODER_COMPONENT = "transformer"
+# A converted GLM-Image folder's component that marks it as one (every converted folder holds it).
+SOURCE_MARKER = "vision_language_encoder"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,11 +145,11 @@ def find_training_checkpoint(ckpt_dir: str, step: int | None = None) -> tuple[st
       break
   else:
     return None
-  items = (PARAMS_DIR, train_ckpt.DECODER_PARAMS)
+  items = [saved.params for saved in policy_registry.SAVED.values()]
   steps = sorted(int(n) for n in os.listdir(root)
                  if n.isdigit() and any(os.path.isdir(os.path.join(root, n, i)) for i in items))
   if not steps:
-    raise ValueError(f"{root}: no step folder with a '{PARAMS_DIR}' or '{train_ckpt.DECODER_PARAMS}' item")
+    raise ValueError(f"{root}: no step folder with a {' or a '.join(repr(i) for i in items)} item")
   if step is None:
     step = steps[-1]
   elif step not in steps:
@@ -228,9 +229,9 @@ def training_source(run_dir: str, source_dir: str | None) -> tuple[str | None, s
     if not source:
       return None, (f"the run trained a random preset (no config.model.checkpoint_dir, {recorded_at}), so "
                     f"there is no released folder its other pipeline components could come from")
-  if not os.path.isdir(os.path.join(source, TRAINING_COMPONENT, PARAMS_DIR)):
+  if not os.path.isdir(os.path.join(source, SOURCE_MARKER, PARAMS_DIR)):
     raise ValueError(f"source checkpoint {source!r} ({origin}) is not a converted GLM-Image folder (no "
-                     f"{TRAINING_COMPONENT}/{PARAMS_DIR}); pass --source_dir=<the converted folder "
+                     f"{SOURCE_MARKER}/{PARAMS_DIR}); pass --source_dir=<the converted folder "
                      f"the run trained from>, or --source_dir='' for the generator alone")
   return os.path.abspath(source), None
 
@@ -283,24 +284,22 @@ class TrainedModel:
 
 
 def trained_models(params_dir: str, config_path: str, use_ema: bool = False) -> list[TrainedModel]:
-  """The AR generator (when the step holds `params`) and the DiT decoder (when it holds `decoder_params`; with
-  `use_ema` its moving average, `decoder_ema`, in the same layout)."""
-  run_dir = os.path.dirname(config_path)
-  step_dir = os.path.dirname(params_dir)
-  decoder_item = os.path.join(step_dir, train_ckpt.DECODER_EMA if use_ema else train_ckpt.DECODER_PARAMS)
-  if use_ema and not os.path.isdir(decoder_item):
-    raise ValueError(f"--use_ema: {step_dir} holds no {train_ckpt.DECODER_EMA!r} item (the run kept no moving "
-                     "average of its decoder: config.decoder.ema.every=0)")
-  models = []
-  for component, role, item, lora_file, config in (
-      (TRAINING_COMPONENT, "generator", params_dir, train_ckpt.LORA_FILE, config_path),
-      (DECODER_COMPONENT, "decoder", decoder_item,
-       train_ckpt.DECODER_LORA_FILE, os.path.join(run_dir, train_ckpt.DIT_CONFIG_FILE))):
-    if os.path.isdir(item):
-      lora_path = os.path.join(run_dir, lora_file)
-      models.append(TrainedModel(components_lib.get(component), role, item, _read_json(lora_path), lora_path,
-                                 config))
-  return models
+  """Each model a policy of the run trained (`glmrl.policy.registry.SAVED`: the AR generator's `params`, the
+  DiT's `decoder_params`), where the step holds its item; with `use_ema` a policy's moving average (its ema item,
+  in the same layout) where the run kept one."""
+  run_dir, step_dir = os.path.dirname(config_path), os.path.dirname(params_dir)
+  found = {name: saved for name, saved in policy_registry.SAVED.items()
+           if os.path.isdir(os.path.join(step_dir, saved.params))}
+  averaged = {name for name, saved in found.items() if use_ema and os.path.isdir(os.path.join(step_dir, saved.ema))}
+  if use_ema and not averaged:
+    items = " or ".join(repr(saved.ema) for saved in found.values())
+    raise ValueError(f"--use_ema: {step_dir} holds no {items} item (the run kept no moving average of its trained "
+                     "models: config.decoder.ema.every=0)")
+  return [TrainedModel(components_lib.get(saved.export_component), saved.role,
+                       os.path.join(step_dir, saved.ema if name in averaged else saved.params),
+                       _read_json(os.path.join(run_dir, saved.adapters_file)),
+                       os.path.join(run_dir, saved.adapters_file), os.path.join(run_dir, saved.model_config_file))
+          for name, saved in found.items()]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -175,7 +175,7 @@ RULES: dict[str, Rule] = {
     "train.micro_batch_size": integer(0, why="must be >= 0 (0 uses the whole batch at once)"),
     "train.max_consecutive_nonfinite": integer(1),
     "train.policies": choice(*POLICIES),
-    "decoder.algorithm": choice(*policy_registry.DECODER_ALGORITHMS),
+    "decoder.algorithm": choice(*policy_registry.DIT_ALGORITHMS),
     "decoder.train_guidance": NON_NEGATIVE,
     "decoder.sde_type": choice(*grpo_flow.SDE_TYPES),
     "decoder.train_timesteps": integer(0, why="must be >= 0 (0: every step of decoder.train_steps)"),

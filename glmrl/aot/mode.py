@@ -50,7 +50,7 @@ def compile_report(config) -> dict:
   config = run.config
   state = run.resident_bytes()
   resident = sum(state.values())
-  flops = report_lib.step_flops(config, run.layout, run.configs, ar_params=programs_lib.decoder_params(run),
+  flops = report_lib.step_flops(config, run.layout, run.configs, ar_params=programs_lib.generator_params(run),
                                 dit_params=programs_lib.num_params(run.models["dit"][1]))
   entries, fits = {}, True
   for name, builder in programs_lib.builders(run).items():

@@ -21,14 +21,10 @@ from glmrl import sharding as sharding_lib
 from glmrl.aot import auto
 from glmrl.aot import report as report_lib
 from glmrl.aot import topology
-from glmrl.errors import UserError
 from glmrl.models import glm_image
 from glmrl.models import lora as lora_lib
 from glmrl.models.ar.prompt import GenerationLayout
 from glmrl.models.glyph import tokenize_glyph_texts
-from glmrl.policy import ar as ar_policy
-from glmrl.policy import decoder as decoder_policy
-from glmrl.policy import decoder_matching
 from glmrl.policy import registry
 from glmrl.policy.state import build_state, placed
 from glmrl.rewards import RewardComposer
@@ -63,8 +59,37 @@ class AbstractRun:
   choices: tuple = ()   # what each `auto` setting became (`glmrl.aot.auto.Choice`)
 
   @property
+  def policies(self) -> dict:
+    """The trained policies bound to the run's config (its `auto` settings resolved)."""
+    return registry.trained(self.config)
+
+  @property
   def request(self):
     return registry.rollout_request(self.config)
+
+  def batch_array(self, shape, dtype, batch_axis: int = 0):
+    return batch_array(self.mesh, shape, dtype, batch_axis)
+
+  def replicated(self, shape, dtype):
+    return replicated(self.mesh, shape, dtype)
+
+  def batch_keys(self, rows: int):
+    """[rows] PRNG keys over the batch axes."""
+    return jax.ShapeDtypeStruct((rows,), jax.eval_shape(lambda: jax.random.key(0)).dtype,
+                                sharding=jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(
+                                    sharding_lib.BATCH_AXES)))
+
+  def abstract_conditioning(self, rows: int) -> decode.Conditioning:
+    """The DiT conditioning of `rows` images, as the pipeline pads it."""
+    cfg, configs = self.config, self.configs
+    h, w, dtype = cfg.data.height, cfg.data.width, configs.glyph.dtype
+    glyph_len, neg_len, d = cfg.data.max_glyph_tokens, _negative_glyph_len(), configs.glyph.d_model
+    return decode.Conditioning(
+        prior_ids_BxX=self.batch_array((rows, (h // 16) * (w // 16)), jnp.int32),
+        glyph_BxSxD=self.batch_array((rows, glyph_len, d), dtype),
+        glyph_mask_BxS=self.batch_array((rows, glyph_len), jnp.bool_),
+        neg_glyph_BxSxD=self.batch_array((rows, neg_len, d), dtype),
+        neg_glyph_mask_BxS=self.batch_array((rows, neg_len), jnp.bool_))
 
   @property
   def batch_size(self) -> int:
@@ -176,26 +201,16 @@ def _negative_glyph_len() -> int:
   return int(tokenize_glyph_texts([""], ByT5Tokenizer()).gather_mask.shape[1])
 
 
-def _conditioning(run: AbstractRun, rows: int) -> decode.Conditioning:
-  cfg, mesh, configs = run.config, run.mesh, run.configs
-  h, w, dtype = cfg.data.height, cfg.data.width, configs.glyph.dtype
-  glyph_len, neg_len, d = cfg.data.max_glyph_tokens, _negative_glyph_len(), configs.glyph.d_model
-  return decode.Conditioning(
-      prior_ids_BxX=batch_array(mesh, (rows, (h // 16) * (w // 16)), jnp.int32),
-      glyph_BxSxD=batch_array(mesh, (rows, glyph_len, d), dtype),
-      glyph_mask_BxS=batch_array(mesh, (rows, glyph_len), jnp.bool_),
-      neg_glyph_BxSxD=batch_array(mesh, (rows, neg_len, d), dtype),
-      neg_glyph_mask_BxS=batch_array(mesh, (rows, neg_len), jnp.bool_))
-
-
 def rollout_steps(run: AbstractRun) -> int:
-  """Denoising steps of a training rollout: decoder.train_steps when the decoder trains, else sampling.dit_steps."""
-  return run.config.decoder.train_steps if run.request.trains_decoder else run.config.sampling.dit_steps
+  """Denoising steps of a training rollout: the decoding policy's (`registry.decoding`), else sampling.dit_steps."""
+  leg = registry.decoding(run.policies)
+  return leg.train_steps if leg is not None else run.config.sampling.dit_steps
 
 
 def decoder(run: AbstractRun) -> Program:
-  """The DiT denoising loop (both CFG branches every step) and the VAE decode, on one decode chunk; with the
-  decoder policy, the training rollout's: its steps, its SDE window (recorded) and the trained DiT."""
+  """The DiT denoising loop (both CFG branches every step) and the VAE decode, on one decode chunk; with a DiT
+  policy, its rollout leg's: its steps and guidance, what its leg adds (Flow-GRPO's SDE window) and the trained
+  DiT."""
   cfg, mesh, configs = run.config, run.mesh, run.configs
   chunk = pipeline.decode_chunk(cfg.sampling.decode_batch, run.images, run.request.images_per_prompt,
                                 sharding_lib.batch_devices(mesh))
@@ -205,20 +220,14 @@ def decoder(run: AbstractRun) -> Program:
   dit_def, dit_states = run.component("dit")
   dit_state = dit_states if len(dit_states) > 1 else dit_states[0]
   vae_def, vae_state = run.models["vae"]
-  sde = ()
-  if run.request.sde:
-    key = jax.ShapeDtypeStruct((chunk,), jax.eval_shape(lambda: jax.random.key(0)).dtype,
-                               sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
-                                   sharding_lib.BATCH_AXES)))
-    sde = (decode.SdeWindow(float(cfg.decoder.noise_level), cfg.decoder.window_size, cfg.decoder.sde_type), key,
-           replicated(mesh, (), jnp.int32))
+  leg = registry.decoding(run.policies)
   lowered = decode.denoise_and_decode.lower(
-      dit_def, dit_state, vae_def, vae_state, _conditioning(run, chunk),
+      dit_def, dit_state, vae_def, vae_state, run.abstract_conditioning(chunk),
       batch_array(mesh, (chunk, *run.latent_shape), jnp.float32),
       replicated(mesh, sched.model_timesteps.shape, jnp.float32), replicated(mesh, sched.sigmas.shape, jnp.float32),
-      decoder_policy.train_guidance(cfg) if run.request.trains_decoder else float(cfg.sampling.guidance_scale),
+      leg.guidance if leg is not None else float(cfg.sampling.guidance_scale),
       batch_array(mesh, (chunk, 2), jnp.float32),
-      batch_array(mesh, (chunk, 2), jnp.float32), None, *sde)
+      batch_array(mesh, (chunk, 2), jnp.float32), None, *(leg.abstract_leg(run, chunk) if leg is not None else ()))
   return Program("decoder", lowered, (dit_state, vae_state), calls=run.images // chunk)
 
 
@@ -226,7 +235,8 @@ def rewards(run: AbstractRun, policy: str) -> Program | str:
   """The on-device scoring (pure-JAX rewards, the weighted sum) of a batch by `policy`'s rewards; a reason
   string when they cannot be built abstractly (model-backed ones load weights from disk)."""
   cfg, mesh, b = run.config, run.mesh, run.images
-  config_entries, group = registry.policy(policy, cfg).rewards(cfg, run.request)
+  trained = run.policies[policy]
+  config_entries, group = trained.rewards(run.request)
   entries = [dict(e.to_dict() if hasattr(e, "to_dict") else e) for e in config_entries]
   backed = [e["name"] for e in entries if reward_registry.get(e["name"]).model_backed]
   if backed:
@@ -236,67 +246,21 @@ def rewards(run: AbstractRun, policy: str) -> Program | str:
   host = {e["name"]: batch_array(mesh, (b,), jnp.float32) for e in composer.entries if not e["reward"].pure_jax}
   images = batch_array(mesh, (b, cfg.data.height, cfg.data.width, 3), jnp.uint8)
   lowered = composer._device_scores_jit.lower(host, images, {})  # pylint: disable=protected-access
-  return Program(PROGRAM_NAMES[policy][0], lowered, ())
-
-
-def _ar_batch(run: AbstractRun) -> tuple:
-  """(update shape, abstract batch) of the AR policy's update."""
-  mesh, b, l, n = run.mesh, run.batch_size, run.prompt_len, run.layout.num_new_tokens
-  per_token = lambda dtype=jnp.float32: batch_array(mesh, (b, n), dtype)
-  batch = ar_policy.Rollout(
-      sequence_ids=batch_array(mesh, (b, l + n), jnp.int32),
-      positions=batch_array(mesh, (3, b, l + n), jnp.int32, batch_axis=1),
-      valid=batch_array(mesh, (b, l + n), jnp.bool_), sampler_logp=per_token(), old_logp=per_token(),
-      advantages=batch_array(mesh, (b,), jnp.float32), mask=per_token(),
-      ref_logp=per_token() if run.config.grpo.beta > 0 else None)
-  return (l, run.layout, b), batch
-
-
-def _decoder_batch(run: AbstractRun) -> tuple:
-  """(update shape, abstract batch) of the decoder policy's update: the SDE window's steps of every image
-  (Flow-GRPO), or its clean latents and trained slots (DiffusionNFT, AWM)."""
-  mesh, b = run.mesh, run.images
-  if run.request.clean:
-    slots = decoder_matching.train_timesteps(run.config)
-    per_slot = batch_array(mesh, (b, slots), jnp.float32)
-    key = jax.ShapeDtypeStruct((b,), jax.eval_shape(lambda: jax.random.key(0)).dtype,
-                               sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
-                                   sharding_lib.BATCH_AXES)))
-    return (b,), decoder_matching.MatchingRollout(
-        cond=_conditioning(run, b), target_size=batch_array(mesh, (b, 2), jnp.float32),
-        crop=batch_array(mesh, (b, 2), jnp.float32), x0=batch_array(mesh, (b, *run.latent_shape), jnp.float32),
-        noise_keys=key, timesteps=per_slot, sigmas=per_slot, old_logp=per_slot,
-        advantages=batch_array(mesh, (b,), jnp.float32), mask=per_slot)
-  steps = run.config.decoder.window_size
-  per_step = batch_array(mesh, (b, steps), jnp.float32)
-  latents = batch_array(mesh, (b, steps, *run.latent_shape), jnp.float32)
-  rollout = decoder_policy.DecoderRollout(
-      cond=_conditioning(run, b), target_size=batch_array(mesh, (b, 2), jnp.float32),
-      crop=batch_array(mesh, (b, 2), jnp.float32), latents_before=latents, latents_after=latents,
-      sampler_logp=per_step, old_logp=per_step, advantages=batch_array(mesh, (b,), jnp.float32), mask=per_step,
-      old_mean=latents if run.config.decoder.ratio_norm else None)
-  window = decoder_policy.Window(*(replicated(mesh, (steps,), jnp.float32) for _ in range(3)))
-  return (b,), decoder_policy.DecoderBatch(rollout, window)
-
-
-# Per policy: (its rewards program, its update program) names in the report, and its abstract batch.
-PROGRAM_NAMES = {"ar": ("rewards", "update"), "decoder": ("decoder_rewards", "decoder_update")}
-_BATCHES = {"ar": _ar_batch, "decoder": _decoder_batch}
+  return Program(trained.programs[0], lowered, ())
 
 
 def update(run: AbstractRun, policy: str) -> Program:
   """A policy's update as the run compiles it (`Policy.make_update` on the abstract state): the AR's
   teacher-forced log-probs, or the decoder's guided forward per trained step; the loss, its gradient
   accumulated over micro-batches (x steps), AdamW (with master weights for bfloat16 parameters)."""
-  state = run.states[policy]
-  shape, batch = _BATCHES[policy](run)
-  trained = registry.policy(policy, run.config)
-  fn = trained.make_update(state, run.config, shape)
+  state, trained = run.states[policy], run.policies[policy]
+  shape, batch = trained.abstract_inputs(run)
+  fn = trained.make_update(state, shape)
   lowered = fn.lower(state.trainable, state.frozen, state.opt_state, batch, trained.anchors(state),
                      replicated(run.mesh, (), jnp.bool_))
   resident = (state.trainable, state.frozen, state.opt_state) + tuple(
       x for x in (state.reference, state.ema) if x is not None)
-  return Program(PROGRAM_NAMES[policy][1], lowered, resident)
+  return Program(trained.programs[1], lowered, resident)
 
 
 def builders(run: AbstractRun) -> dict:
@@ -304,8 +268,8 @@ def builders(run: AbstractRun) -> dict:
   rollout layout) and the decode loop always, then each trained policy's rewards and update."""
   out = {"ar_reshard": ar_reshard} if run.config.rollout.ar_weights == "gathered" else {}
   out.update({"ar_sampler": sampler, "decoder": decoder})
-  for name in run.states:
-    rewards_name, update_name = PROGRAM_NAMES[name]
+  for name, policy in run.policies.items():
+    rewards_name, update_name = policy.programs
     out[rewards_name] = functools.partial(rewards, policy=name)
     out[update_name] = functools.partial(update, policy=name)
   return out
@@ -315,8 +279,8 @@ def num_params(tree) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(tree)))
 
 
-def decoder_params(run: AbstractRun) -> int:
-  """Base parameters each generated token's forward multiplies by: the text decoder and the head
+def generator_params(run: AbstractRun) -> int:
+  """Base parameters each generated token's forward multiplies by: the generator's text decoder and the head
   (not the vision encoder or VQ, which only tokenize condition images; not LoRA's small adapters)."""
   _, states = run.component("ar")
   state = nnx.merge_state(*states)

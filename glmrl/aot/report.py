@@ -23,8 +23,8 @@ import jax
 import numpy as np
 
 from glmrl.aot import hlo
-from glmrl.policy import decoder as decoder_policy
 from glmrl.policy import registry
+from glmrl.policy.base import FlopCounts
 
 MFU_ASSUMPTION = 0.4  # model FLOPs utilisation assumed for the step-time estimate
 
@@ -42,14 +42,10 @@ def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> d
   """FLOPs of one training step by program, from the standard dense-transformer formulas.
 
   AR: 2 N per token and forward (N = `ar_params`, the text decoder and head) plus causal attention
-  2 L S^2 E per sequence (L layers, S tokens, E width); the update's backward costs 2x the forward
-  for the activations and, for full fine-tuning, 2x more for the weight gradients; remat repeats the
-  forward. DiT: both CFG branches at every step, 2 N_dit per token plus 4 L T^2 E attention over its
-  T tokens (image patches and glyph tokens). The VAE decode (convolutions) is left out. With the decoder
-  policy, the rollout denoises `decoder.train_steps` steps of every image, and its update runs per trained
-  step and image the guided forward and a backward of 2x it (2x more with weight gradients of the whole DiT),
-  plus the reference's forward when decoder.beta > 0 (and the moving average's for nft); at
-  decoder.train_guidance 1.0 the rollout and the update run one branch.
+  2 L S^2 E per sequence (L layers, S tokens, E width). DiT: 2 N_dit per token plus 4 L T^2 E attention over its
+  T tokens (image patches and glyph tokens) per image, step and CFG branch; the rollout's decode runs both branches
+  at every step, at the decoding policy's steps and guidance when one decodes (one branch at guidance 1.0). The
+  VAE decode (convolutions) is left out. Each trained policy counts its own update (`Policy.update_flops`).
   """
   policies = registry.trained(config)
   request = registry.rollout_request(config)
@@ -61,23 +57,12 @@ def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> d
   t = (config.data.height // 16) * (config.data.width // 16) + config.data.max_glyph_tokens
   dit_width = dit.num_attention_heads * dit.attention_head_dim
   one_pass = 2 * dit_params * t + 4 * dit.num_layers * t * t * dit_width  # one image, one step, one branch
-  guided = 2 * one_pass  # both CFG branches
-  steps = config.decoder.train_steps if request.trains_decoder else config.sampling.dit_steps
-  cfg_free = decoder_policy.train_guidance(config) == 1.0  # the decoder's training passes: one branch
-  rollout_pass = one_pass if request.trains_decoder and cfg_free else guided
+  leg = registry.decoding(policies)
+  steps = leg.train_steps if leg is not None else config.sampling.dit_steps
+  rollout_pass = one_pass if leg is not None and leg.guidance == 1.0 else 2 * one_pass
   out = {"ar_sampler": float(ar_forward), "decoder": float(images * steps * rollout_pass)}
-  if "ar" in policies:
-    settings = policies["ar"].settings(config)
-    out["update"] = float(settings.num_iterations * ar_forward * ((2 if config.model.remat else 1) +
-                                                                  (2 if settings.lora.enabled else 4)))
-  if "decoder" in policies:
-    settings = policies["decoder"].settings(config)
-    train_pass = one_pass if cfg_free else guided
-    policy = policies["decoder"]
-    # Forward + backward (2x, 4x with the whole DiT's weight gradients) and the anchors' forwards the policy runs.
-    passes = 1 + (2 if settings.lora.enabled else 4) + policy.anchor_passes(config)
-    out["decoder_update"] = float(settings.num_iterations * images * policy.trained_steps(config) * train_pass
-                                  * passes)
+  counts = FlopCounts(ar_forward=ar_forward, dit_pass=one_pass, images=images)
+  out.update({policy.programs[1]: policy.update_flops(counts) for policy in policies.values()})
   return out
 
 

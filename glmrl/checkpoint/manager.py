@@ -32,17 +32,6 @@ from glmrl.thread_errors import os_error_raised_in, quiet_os_errors
 
 AR_CONFIG_FILE = "ar_config.json"
 SOURCE_FILE = "source.json"
-LORA_FILE = "lora.json"
-# Decoder RL (config.train.policies with "decoder"): the DiT's trained state is its own item of each step,
-# with the DiT's paths (a converted `transformer/params`): the whole DiT, or with DiT LoRA its adapters only,
-# whose settings and base are recorded in decoder_lora.json (the same record as lora.json).
-DECODER_PARAMS = "decoder_params"
-DECODER_OPT_STATE = "decoder_opt_state"
-DECODER_EMA = "decoder_ema"  # the moving average of the decoder's trained parameters, when the run keeps one
-DECODER_LORA_FILE = "decoder_lora.json"
-# The trained DiT's diffusers `transformer/config.json` dict (`DiTConfig.to_hf()`): the export writes the
-# trained DiT with it when the run has no source folder to take transformer/config.json from.
-DIT_CONFIG_FILE = "dit_config.json"
 UNREADABLE_DIR = "unreadable"
 # Longest error summary quoted per step (TensorStore messages embed whole specs).
 _SUMMARY_CHARS = 400
@@ -87,13 +76,12 @@ def read_source(directory: str) -> str | None:
   return value
 
 
-def check_adapters(directory: str, adapters: dict | None, has_steps: bool, file: str = LORA_FILE) -> None:
+def check_adapters(directory: str, adapters: dict | None, has_steps: bool, file: str, section: str) -> None:
   """The run's adapters (`{"rank", "alpha", "targets", "base": {"checkpoint_dir", "fingerprint"}}`, or
   None for full fine-tuning) must be those `directory`'s checkpoints were trained with: adapters never
-  resume onto another base, and full fine-tuning and adapter checkpoints never mix. `file`: the record
-  (lora.json of the AR generator, `DECODER_LORA_FILE` of the DiT)."""
+  resume onto another base, and full fine-tuning and adapter checkpoints never mix. `file`: the policy's record
+  (`glmrl.policy.base.Saved.adapters_file`); `section`: its LoRA settings' config path, for messages."""
   path = os.path.join(directory, file)
-  section = "config.decoder.lora" if file == DECODER_LORA_FILE else "config.lora"
   recorded = None
   if os.path.isfile(path):
     with open(path) as f:
@@ -129,16 +117,15 @@ def check_adapters(directory: str, adapters: dict | None, has_steps: bool, file:
 class TrainCheckpointer:
   """CheckpointManager with async saves every `save_interval` steps, keeping the last `max_to_keep`.
 
-  A step holds `rng`, `meta` and the trained policies' items by name (the AR generator's `params` and
-  `opt_state`, the decoder's `DECODER_PARAMS` and `DECODER_OPT_STATE`)."""
+  A step holds `rng`, `meta` and the trained policies' items by name (`glmrl.policy.base.Saved`)."""
 
   def __init__(self, workdir: str, save_interval: int, max_to_keep: int, *, items: tuple[str, ...] = (
       "params", "opt_state"), records: dict | None = None, adapters: dict | None = None,
                source_checkpoint_dir: str | None = None):
     """`items`: the trained states' item names. `records`: JSON files written beside the steps (file name ->
     value; e.g. `AR_CONFIG_FILE`, the models' HF configs for the export). `adapters`: each trained policy's
-    adapters record file (`LORA_FILE`, `DECODER_LORA_FILE`) -> its LoRA settings and base identity
-    (`check_adapters`), or None for full fine-tuning. `source_checkpoint_dir`: the converted folder the run's
+    adapters record file -> (its LoRA settings and base identity (`check_adapters`), or None for full fine-tuning;
+    its LoRA config section, for messages). `source_checkpoint_dir`: the converted folder the run's
     models come from ("" for a random preset); recorded in source.json so the export can write a complete
     pipeline folder."""
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
@@ -147,8 +134,8 @@ class TrainCheckpointer:
     quiet_os_errors("orbax", "a checkpoint write failed in the background: %s")
     # Before anything is written: a mismatch leaves the folder as it was.
     has_steps = bool(saved_steps(workdir))
-    for file, record in (adapters or {}).items():
-      check_adapters(self.directory, record, has_steps, file)
+    for file, (record, section) in (adapters or {}).items():
+      check_adapters(self.directory, record, has_steps, file, section)
     for file, value in (records or {}).items():
       write_json_atomic(os.path.join(self.directory, file), value)
     if source_checkpoint_dir is not None:
@@ -160,7 +147,7 @@ class TrainCheckpointer:
             save_interval_steps=save_interval, max_to_keep=max_to_keep, enable_async_checkpointing=True),
         item_names=(*items, "rng", "meta"))
     _ORPHANED_READS.watch_saves(self.directory)
-    for file, record in (adapters or {}).items():
+    for file, (record, _) in (adapters or {}).items():
       if record is not None:
         write_json_atomic(os.path.join(self.directory, file), record)
 
@@ -317,7 +304,7 @@ def restore_trained_params(workdir: str, like_state, item: str = "params", step:
   """(params state, step) of the newest training checkpoint in `<workdir>/checkpoints` that restores (of `step`
   alone when given: CheckpointError when it does not restore), or (None, None) without checkpoints.
 
-  Only the `item` item ("params", or `DECODER_PARAMS`) is read, onto the shardings and dtypes of `like_state`. An unreadable step
+  Only the `item` item (a policy's `Saved.params`) is read, onto the shardings and dtypes of `like_state`. An unreadable step
   is reported and the next older one tried; nothing is moved or changed (sampling and evaluation
   are read-only: the training run sets unreadable steps aside). CheckpointError when none restores.
   """

@@ -43,6 +43,18 @@ def merge_micro(x_MxBx_):
   return jnp.moveaxis(x_MxBx_, 0, 1).reshape(-1, *x_MxBx_.shape[2:])
 
 
+def scan_steps(step, carry, rollout, micro_batches: int, steps: int):
+  """The DiT policies' accumulation: `step(carry, mb, k) -> (carry, out)` over every micro-batch of `rollout`
+  (`split_micro`) x trained step k in [0, steps); returns (carry, outs [B, steps, ...] in batch order, or None).
+  One (micro-batch, step) pair at a time: activation memory is that of one step of one micro-batch."""
+  def micro_batch(carry, mb):
+    carry, out_Kxb = jax.lax.scan(lambda c, k: step(c, mb, k), carry, jnp.arange(steps))
+    return carry, jax.tree.map(lambda x_Kxb: jnp.swapaxes(x_Kxb, 0, 1), out_Kxb)
+
+  carry, out_Mxbx_ = jax.lax.scan(micro_batch, carry, split_micro(rollout, micro_batches))
+  return carry, jax.tree.map(merge_micro, out_Mxbx_)
+
+
 # Metric names of the statistics a loss may report (masked means, `add`'s `mean_stats`).
 MEAN_METRICS = {"ratio_mean": "ratio/mean", "clip_frac_low": "clip/low_frac", "clip_frac_high": "clip/high_frac",
                 "kl_mean": "kl", "ema_kl_mean": "ema_kl", "old_deviation": "old_deviation"}

@@ -1,5 +1,6 @@
-"""The AR generator's policy: GRPO on its image tokens. Its rollout batch, its spec, its update (one jitted
-function, micro-batched with exact loss accumulation) and the `Policy` object the run calls (`POLICY`).
+"""The AR generator's policy: GRPO on its image tokens. Its rollout batch and that batch's abstract shapes, its
+spec, its update (one jitted function, micro-batched with exact loss accumulation), its FLOPs and the bound policy
+(`ArPolicy`).
 
 There is no separate old-log-prob pass. The first update of a rollout (`first=True`) takes
 old = stop_gradient(new) inside its own micro-batch loss: its ratio is exp(0) = 1 exactly, for
@@ -21,11 +22,11 @@ from flax import nnx
 from flax import struct
 
 from glmrl import grpo
-from glmrl.checkpoint.manager import LORA_FILE
+from glmrl.checkpoint.manager import AR_CONFIG_FILE
 from glmrl.models import lora as lora_lib
 from glmrl.models.ar.prompt import GenerationLayout
 from glmrl.policy import accumulate
-from glmrl.policy.base import Request, Settings, lora_alpha
+from glmrl.policy.base import FlopCounts, Request, Saved, Settings, lora_settings
 from glmrl.sampling.logprobs import SamplingConfig, sampling_config, teacher_forced_logprobs
 
 # The AR model's parts that full fine-tuning trains; the vision encoder and VQ stay frozen.
@@ -144,13 +145,7 @@ def update(graphdef, params, frozen, opt_state, rollout: Rollout, ref_params=Non
 
 def update_spec(config, prompt_len: int, layout, batch: int) -> UpdateSpec:
   """The static description of the run's update for its prompt length, generation layout and `batch` rows."""
-  settings = POLICY.settings(config)
-  return UpdateSpec(
-      prompt_len=prompt_len, layout=layout, sampling=sampling_config(config),
-      micro_batches=batch // (settings.micro_batch_size or batch), epsilon_low=float(config.grpo.epsilon_low),
-      epsilon_high=float(config.grpo.epsilon_high), beta=settings.beta, kl=config.grpo.kl,
-      aggregation=config.grpo.aggregation, remat=config.model.remat, tis_cap=float(config.grpo.tis_cap),
-      reference="adapters_off" if settings.lora.enabled else "params")
+  return ArPolicy(config).spec(prompt_len, layout, batch)
 
 
 def token_mask(layout, loss_tokens: str) -> jnp.ndarray:
@@ -180,35 +175,48 @@ def logprob_metrics(sampler_logp, old_logp, *, forced_end: bool) -> dict:
   }
 
 
+# The AR generator's trained state: the step's `params` and `opt_state` items; its LoRA record lora.json; its HF
+# config (the export writes the trained generator with it).
+SAVED = Saved(params="params", opt_state="opt_state", ema="ema", adapters_file="lora.json",
+              model_config_file=AR_CONFIG_FILE, lora_section="config.lora", role="generator",
+              export_component="vision_language_encoder")
+
+
 class ArPolicy:
-  """GRPO on the AR generator's tokens (`glmrl.policy.base.Policy`): groups of token grids per prompt."""
+  """GRPO on the AR generator's tokens, bound to the run's config: groups of token grids per prompt."""
   name = "ar"
   component = "ar"
-  params_item, opt_item, ema_item = "params", "opt_state", "ema"
-  adapters_file = LORA_FILE
-  lora_section = "config.lora"
+  saved = SAVED
   salt = 0x10FA
   full_filter = TRAINABLE
-
   micro_batch_key = "config.train.micro_batch_size"
+  programs = ("rewards", "update")
+  decodes = False
+
+  def __init__(self, config):
+    self.config = config
+    self.settings = Settings(lora=lora_settings(config.lora), optim=config.optim,
+                             num_iterations=config.grpo.num_iterations, beta=float(config.grpo.beta),
+                             micro_batch_size=config.train.micro_batch_size, advantage_scale=config.grpo.scale)
+    self.request = Request(grids_per_prompt=config.grpo.group_size)
+
+  def spec(self, prompt_len: int, layout, batch: int) -> UpdateSpec:
+    """The static description of its update for its prompt length, generation layout and `batch` rows."""
+    config, settings = self.config, self.settings
+    return UpdateSpec(
+        prompt_len=prompt_len, layout=layout, sampling=sampling_config(config),
+        micro_batches=settings.micro_batches(batch), epsilon_low=float(config.grpo.epsilon_low),
+        epsilon_high=float(config.grpo.epsilon_high), beta=settings.beta, kl=config.grpo.kl,
+        aggregation=config.grpo.aggregation, remat=config.model.remat, tis_cap=float(config.grpo.tis_cap),
+        reference=settings.reference)
 
   def rows_per_prompt(self, request: Request) -> int:
     """Rows of its update per prompt: one per token grid."""
     return request.grids_per_prompt
 
-  def rewards(self, config, request: Request) -> tuple:
+  def rewards(self, request: Request) -> tuple:
     """(its reward entries, the rows a per-group normalisation spans: a prompt's images)."""
-    return config.rewards, request.images_per_prompt
-
-  def settings(self, config) -> Settings:
-    return Settings(group_size=config.grpo.group_size,
-                    lora=lora_lib.LoraConfig(rank=config.lora.rank, alpha=lora_alpha(config.lora),
-                                             targets=lora_lib.target_patterns(config.lora.targets)),
-                    optim=config.optim, num_iterations=config.grpo.num_iterations, beta=float(config.grpo.beta),
-                    micro_batch_size=config.train.micro_batch_size, advantage_scale=config.grpo.scale)
-
-  def request(self, config) -> Request:
-    return Request(grids_per_prompt=config.grpo.group_size)
+    return self.config.rewards, request.images_per_prompt
 
   def prefix(self, policies) -> str:
     """None in an AR-only run (its metric names as ever), "ar/" beside another policy."""
@@ -218,25 +226,37 @@ class ArPolicy:
     # A token grid's reward is the mean over its decoder samples (one sample when the decoder is not trained).
     return jnp.mean(total_B.reshape(-1, request.samples_per_grid), axis=1), request.grids_per_prompt
 
-  def rollout_batch(self, config, sampled, advantages, keep) -> Rollout:
+  def rollout_batch(self, sampled, advantages, keep) -> Rollout:
     sample = sampled.sample
-    mask = keep[:, None] * token_mask(sample.layout, config.grpo.loss_tokens)[None, :]
+    mask = keep[:, None] * token_mask(sample.layout, self.config.grpo.loss_tokens)[None, :]
     not_yet = jnp.full_like(sample.logprobs, jnp.nan)  # the first update's output (same shape: one program)
     return Rollout(sequence_ids=sample.sequence_ids, positions=sample.positions, valid=sample.valid,
                    sampler_logp=sample.logprobs, old_logp=not_yet, advantages=advantages, mask=mask,
-                   ref_logp=not_yet if config.grpo.beta > 0 else None)
+                   ref_logp=not_yet if self.settings.beta > 0 else None)
+
+  def abstract_inputs(self, run) -> tuple:
+    """(update shape, Rollout) of its update, abstract: one row per token grid of the rollout."""
+    b, l, n = run.batch_size, run.prompt_len, run.layout.num_new_tokens
+    per_token = lambda: run.batch_array((b, n), jnp.float32)
+    batch = Rollout(
+        sequence_ids=run.batch_array((b, l + n), jnp.int32),
+        positions=run.batch_array((3, b, l + n), jnp.int32, batch_axis=1),
+        valid=run.batch_array((b, l + n), jnp.bool_), sampler_logp=per_token(), old_logp=per_token(),
+        advantages=run.batch_array((b,), jnp.float32), mask=per_token(),
+        ref_logp=per_token() if self.settings.beta > 0 else None)
+    return (l, run.layout, b), batch
 
   def update_shape(self, sampled) -> tuple:
     """(prompt length, generation layout, rows: one per token grid)."""
     return sampled.sample.prompt_len, sampled.sample.layout, sampled.sample.logprobs.shape[0]
 
-  def make_update(self, state, config, shape):
-    return state.jit_update(update, update_spec(config, *shape))
+  def make_update(self, state, shape):
+    return state.jit_update(update, self.spec(*shape))
 
-  def after_first(self, batch: Rollout, outputs, config) -> tuple[Rollout, dict]:
+  def after_first(self, batch: Rollout, outputs) -> tuple[Rollout, dict]:
     old_logp, ref_logp = outputs
     return batch.replace(old_logp=old_logp, ref_logp=ref_logp), logprob_metrics(
-        batch.sampler_logp, old_logp, forced_end=bool(config.sampling.constrain_to_codebook))
+        batch.sampler_logp, old_logp, forced_end=bool(self.config.sampling.constrain_to_codebook))
 
   def anchors(self, state):
     return state.reference
@@ -244,5 +264,9 @@ class ArPolicy:
   def rollout_trainable(self, state):
     return state.trainable
 
-
-POLICY = ArPolicy()
+  def update_flops(self, counts: FlopCounts) -> float:
+    """Per iteration the teacher-forced forward, a backward of 2x it for the activations and, for full
+    fine-tuning, 2x more for the weight gradients; remat repeats the forward."""
+    settings = self.settings
+    return float(settings.num_iterations * counts.ar_forward * ((2 if self.config.model.remat else 1) +
+                                                                (2 if settings.lora.enabled else 4)))

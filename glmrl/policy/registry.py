@@ -1,27 +1,40 @@
-"""The policies a run can train, by the name `config.train.policies` uses, and the rollout they share."""
+"""The policies a run can train, by the name `config.train.policies` uses, bound to the run's config, and the
+rollout they share. A new policy is its module and one line here."""
 
 from __future__ import annotations
 
 import functools
 
-from glmrl.policy import ar, decoder, decoder_matching
-from glmrl.policy.base import Policy, Request
+from glmrl.policy import ar, awm, dit, flow_grpo, nft
+from glmrl.policy.base import Policy, Request, Saved
 
-# config.decoder.algorithm -> the decoder policy that implements it.
-DECODER_ALGORITHMS: dict[str, Policy] = {"flow_grpo": decoder.POLICY, "nft": decoder_matching.NFT,
-                                         "awm": decoder_matching.AWM}
+# config.decoder.algorithm -> the DiT policy that implements it.
+DIT_ALGORITHMS: dict[str, type] = {"flow_grpo": flow_grpo.FlowGrpoPolicy, "nft": nft.NftPolicy,
+                                   "awm": awm.AwmPolicy}
+
+# Where each policy a run may train keeps its state (by config.train.policies' word), whatever the run's config:
+# what the export looks for in a run's folder.
+SAVED: dict[str, Saved] = {"ar": ar.SAVED, "decoder": dit.SAVED}
 
 
 def policy(name: str, config) -> Policy:
-  """The policy `name` ("ar" | "decoder") of the run: the decoder's is its `config.decoder.algorithm`."""
-  return ar.POLICY if name == "ar" else DECODER_ALGORITHMS[config.decoder.algorithm]
+  """The policy `name` ("ar" | "decoder") bound to `config`: the decoder's is its `config.decoder.algorithm`."""
+  cls = ar.ArPolicy if name == "ar" else DIT_ALGORITHMS[config.decoder.algorithm]
+  return cls(config)
 
 
 def trained(config) -> dict[str, Policy]:
-  """The run's trained policies by name, in `config.train.policies`' order ("ar", "decoder", "ar+decoder")."""
+  """The run's trained policies by name, bound to `config`, in `config.train.policies`' order ("ar", "decoder",
+  "ar+decoder")."""
   return {name: policy(name, config) for name in config.train.policies.split("+")}
 
 
 def rollout_request(config) -> Request:
   """One rollout serving every trained policy: prompts x token grids x decoder samples, prompt-major."""
-  return functools.reduce(Request.__or__, (p.request(config) for p in trained(config).values()), Request())
+  return functools.reduce(Request.__or__, (p.request for p in trained(config).values()), Request())
+
+
+def decoding(policies: dict[str, Policy]) -> Policy | None:
+  """The trained policy that decodes the rollout's images itself (its rollout leg; a DiT policy), or None: the
+  pipeline's own decode at the sampling settings."""
+  return next((p for p in policies.values() if p.decodes), None)

@@ -111,7 +111,7 @@ def build_state(policy: Policy, config, model: tuple, mesh, *, abstract: bool = 
   does the result. `train`: with the optimizer, its state and the KL reference (evaluation and generation
   need none of them).
   """
-  settings = policy.settings(config)
+  settings = policy.settings
   graphdef, state = model
   lora = settings.lora
   if lora.enabled:

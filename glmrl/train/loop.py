@@ -12,7 +12,7 @@ from absl import logging
 from glmrl import sharding as sharding_lib
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
 from glmrl.checkpoint.lock import WorkdirLock
-from glmrl.checkpoint.manager import AR_CONFIG_FILE, DIT_CONFIG_FILE, saved_steps
+from glmrl.checkpoint.manager import AR_CONFIG_FILE, saved_steps
 from glmrl.checkpoint.step_files import newest_is_complete, read_meta, step_problem
 from glmrl.errors import UserError
 from glmrl.evaluation import monitors
@@ -43,14 +43,16 @@ class Trainer:
     self.root_key = jax.random.key(config.seed)
     self.step_index = 0
     configs = self.run.pipeline.configs
+    # The generator's architecture always (evaluation reads it), each trained model's for the export.
     records = {AR_CONFIG_FILE: configs.ar.to_hf()}
-    if any(s.policy.component == "dit" for s in self.states.values()):
-      records[DIT_CONFIG_FILE] = configs.dit.to_hf()  # the trained DiT's architecture, for the export
+    records.update({s.policy.saved.model_config_file: getattr(configs, s.policy.component).to_hf()
+                    for s in self.states.values()})
     self.checkpointer = TrainCheckpointer(
         workdir, config.checkpoint.save_interval, config.checkpoint.max_to_keep,
         items=tuple(self._saved_items()),
         records=records, source_checkpoint_dir=config.model.checkpoint_dir,
-        adapters={s.policy.adapters_file: s.adapters_record(config) for s in self.states.values()})
+        adapters={s.policy.saved.adapters_file: (s.adapters_record(config), s.policy.saved.lora_section)
+                  for s in self.states.values()})
     self.writer = run_writer(workdir, config)
     self.nonfinite_run = 0
     self.nonfinite_total = 0
@@ -66,10 +68,11 @@ class Trainer:
     """Each policy's checkpoint items: its params (`PolicyState.checkpoint_params`) and optimizer state."""
     items = {}
     for state in self.states.values():
-      items[state.policy.params_item] = state.checkpoint_params()
-      items[state.policy.opt_item] = state.opt_state
+      saved = state.policy.saved
+      items[saved.params] = state.checkpoint_params()
+      items[saved.opt_state] = state.opt_state
       if state.ema is not None:  # in the params item's layout: eval, generate and export read it alike
-        items[state.policy.ema_item] = state.checkpoint_params(state.ema)
+        items[saved.ema] = state.checkpoint_params(state.ema)
     return items
 
   def _restore(self):
@@ -81,10 +84,11 @@ class Trainer:
       return
     _, items, key, meta = restored
     for state in self.states.values():
-      state.trainable = state.trainable_of(items[state.policy.params_item])
-      state.opt_state = items[state.policy.opt_item]
+      saved = state.policy.saved
+      state.trainable = state.trainable_of(items[saved.params])
+      state.opt_state = items[saved.opt_state]
       if state.ema is not None:
-        state.ema = state.trainable_of(items[state.policy.ema_item])
+        state.ema = state.trainable_of(items[saved.ema])
     self.root_key = key
     self.step_index = int(meta["step"])
     self.run.iterator.restore(meta["data"])
@@ -103,7 +107,7 @@ class Trainer:
     """The jitted update of policy `name` for its update shape (one per run)."""
     key = (name, shape)
     if key not in self._compiled:
-      self._compiled[key] = self.run.policies[name].make_update(self.states[name], self.config, shape)
+      self._compiled[key] = self.run.policies[name].make_update(self.states[name], shape)
     return self._compiled[key]
 
   def _updates(self, name: str, collected, extra) -> dict:
@@ -114,13 +118,13 @@ class Trainer:
     batch = collected.batches[name]
     update_fn = self.update_fn(name, collected.update_shapes[name])
     per_iter = []
-    for it in range(policy.settings(self.config).num_iterations):
+    for it in range(policy.settings.num_iterations):
       with sharding_lib.use_mesh(run.mesh):  # the activations' batch constraints
         state.trainable, state.opt_state, m, outputs = update_fn(
             state.trainable, state.frozen, state.opt_state, batch, policy.anchors(state), it == 0)
       if it == 0:
         # The first update computed the old (and reference) log-probs; the later ones read them.
-        batch, first_metrics = policy.after_first(batch, outputs, self.config)
+        batch, first_metrics = policy.after_first(batch, outputs)
         extra.update({prefix + k: v for k, v in first_metrics.items()})
       per_iter.append(m)
     return _iteration_metrics(per_iter, prefix)

@@ -17,13 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax import struct
-
 from glmrl import grpo
-from glmrl.policy import decoder as decoder_policy
-from glmrl.policy import decoder_matching
-from glmrl.sampling import decode
-from glmrl.sampling.pipeline import SdeRequest
+from glmrl.policy import registry
 
 
 @functools.partial(jax.jit, static_argnames=("group_size", "scale", "estimator", "std_eps", "drop_constant"))
@@ -48,22 +43,12 @@ def host_metadata(batch_metadata: dict, group_size: int) -> dict:
               [x for x in v for _ in range(group_size)]) for k, v in batch_metadata.items()}
 
 
-@struct.dataclass
-class SdeRollout:
-  """The decoder policy's part of a rollout: its rows' DiT conditioning, the SDE window's recorded steps
-  (`latents_*`, `sampler_logp`; learner log-probs, advantages and mask still empty) and the window."""
-  rollout: decoder_policy.DecoderRollout
-  window: decoder_policy.Window
-  start: jax.Array  # the window's first step
-
-
 @dataclasses.dataclass(frozen=True)
 class Sampled:
   """What one rollout sampled, before any policy's scoring (`Policy.rollout_batch` reads it)."""
   sample: Any                     # ar_sampler.SampleOutput: [B_grids, ...] tokens, log-probs, sequences
   images: jax.Array               # [B, H, W, 3] uint8
-  sde: SdeRollout | None = None   # with an SDE window (Flow-GRPO trains the decoder)
-  clean: decoder_matching.MatchingRollout | None = None  # the clean latents (DiffusionNFT, AWM train it)
+  legs: dict = dataclasses.field(default_factory=dict)  # policy name -> its rollout leg's part (a DiT policy's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,23 +67,6 @@ class RolloutResult:
   tokens: int                     # generated tokens of the rollout
 
 
-def decoder_noise(run, key, num_prompts: int):
-  """(initial latents [B, C, h, w], SDE noise keys [B]) of a decoder-policy rollout.
-
-  Shared within a prompt's token grids when `sampling.share_noise_in_group` (the AR groups then differ
-  only by their tokens, as in an "ar" run), distinct across a grid's decoder samples always (the decoder
-  groups differ only by the decoder's noise)."""
-  request = run.request
-  ga, gd = request.grids_per_prompt, request.samples_per_grid
-  share = run.config.sampling.share_noise_in_group
-  row_B = np.arange(num_prompts * ga * gd)
-  source_B = (row_B // (ga * gd)) * gd + row_B % gd if share else row_B
-  draws = num_prompts * (gd if share else ga * gd)
-  latent_key, sde_key = jax.random.split(key)
-  latents = run.pipeline.shard_batch(jax.random.normal(latent_key, (draws, *run.pipeline.latent_shape))[source_B])
-  return latents, jax.random.split(sde_key, draws)[source_B]
-
-
 def _reward_metrics(prefix: str, total, components, advantages, zero_var) -> dict:
   out = {
       f"{prefix}reward/zero_variance_group_frac": zero_var,
@@ -111,56 +79,6 @@ def _reward_metrics(prefix: str, total, components, advantages, zero_var) -> dic
     out[f"{prefix}reward/{name}/mean"] = jnp.mean(s)
     out[f"{prefix}reward/{name}/std"] = jnp.std(s)
   return out
-
-
-def _sde_decode(run, prepared, sample, key, dit_params, step: int) -> tuple:
-  """(images, SdeRollout) of the decoder policy's rollout: every grid decoded `samples_per_grid` times with
-  the SDE window at its start for rollout step `step` (fixed, sliding or random)."""
-  cfg, pipeline, request = run.config, run.pipeline, run.request
-  num_prompts = len(prepared.prompts)
-  noise_key, window_key = jax.random.split(key)
-  target_B = pipeline.shard_batch(jnp.repeat(sample.target, request.samples_per_grid, axis=0))
-  latents, noise_keys_B = decoder_noise(run, noise_key, num_prompts)
-  start = decoder_policy.window_start(cfg, window_key, step)
-  # The sampler's conditioning is the update's: the glyph encoder runs once.
-  cond = pipeline.conditioning(prepared, target_B, request.images_per_prompt)
-  sde = decode.SdeWindow(noise_level=float(cfg.decoder.noise_level), size=cfg.decoder.window_size,
-                         sde_type=cfg.decoder.sde_type)
-  images, _, trajectory = pipeline.decode_tokens(
-      prepared, target_B, latents, request.images_per_prompt, dit_params=dit_params,
-      steps=cfg.decoder.train_steps, sde=SdeRequest(sde, start, noise_keys_B), conditioning=cond,
-      guidance_scale=decoder_policy.train_guidance(cfg))
-  window = decoder_policy.Window.at(*pipeline.schedule(cfg.decoder.train_steps), start, cfg.decoder.window_size)
-  batch_first = lambda x_WxB: pipeline.shard_batch(jnp.swapaxes(x_WxB, 0, 1))
-  rollout = decoder_policy.DecoderRollout(
-      cond=jax.tree.map(pipeline.shard_batch, cond.dit), target_size=pipeline.shard_batch(cond.target_size),
-      crop=pipeline.shard_batch(cond.crop), latents_before=batch_first(trajectory.latents_before),
-      latents_after=batch_first(trajectory.latents_after), sampler_logp=batch_first(trajectory.sampler_logp),
-      old_logp=None, advantages=None, mask=None)
-  return images, SdeRollout(rollout, window, start)
-
-
-def _clean_decode(run, prepared, sample, key, dit_params) -> tuple:
-  """(images, MatchingRollout) of a DiffusionNFT / AWM rollout: every grid decoded `samples_per_grid` times by
-  the ODE (decoder.train_steps at the training guidance), the clean latents kept with each image's trained
-  slots and training-noise keys (advantages, mask and old log-probs still empty)."""
-  cfg, pipeline, request = run.config, run.pipeline, run.request
-  noise_key, slot_key, train_key = jax.random.split(key, 3)
-  target_B = pipeline.shard_batch(jnp.repeat(sample.target, request.samples_per_grid, axis=0))
-  latents, _ = decoder_noise(run, noise_key, len(prepared.prompts))
-  cond = pipeline.conditioning(prepared, target_B, request.images_per_prompt)
-  images, x0 = pipeline.decode_tokens(prepared, target_B, latents, request.images_per_prompt, dit_params=dit_params,
-                                      steps=cfg.decoder.train_steps, conditioning=cond,
-                                      guidance_scale=decoder_policy.train_guidance(cfg))
-  b = x0.shape[0]
-  timesteps, sigmas = decoder_matching.draw_slots(slot_key, *pipeline.schedule(cfg.decoder.train_steps), b,
-                                                  decoder_matching.train_timesteps(cfg))
-  rollout = decoder_matching.MatchingRollout(
-      cond=jax.tree.map(pipeline.shard_batch, cond.dit), target_size=pipeline.shard_batch(cond.target_size),
-      crop=pipeline.shard_batch(cond.crop), x0=pipeline.shard_batch(x0),
-      noise_keys=pipeline.shard_batch(jax.random.split(train_key, b)), timesteps=pipeline.shard_batch(timesteps),
-      sigmas=pipeline.shard_batch(sigmas), old_logp=None, advantages=None, mask=None)
-  return images, rollout
 
 
 def collect(run, data_batch, key, trainables: dict, step: int = 0) -> RolloutResult:
@@ -181,11 +99,12 @@ def collect(run, data_batch, key, trainables: dict, step: int = 0) -> RolloutRes
   token_key, noise_key = jax.random.split(key)
   sample = run.pipeline.sample_tokens(prepared, jax.random.split(token_key, num_prompts * ga), ga,
                                       ar_params=params["ar_params"])
-  sde = clean = None
-  if request.sde:
-    images, sde = _sde_decode(run, prepared, sample, noise_key, params["dit_params"], step)
-  elif request.clean:
-    images, clean = _clean_decode(run, prepared, sample, noise_key, params["dit_params"])
+  legs, extra = {}, {}
+  leg_policy = registry.decoding(run.policies)
+  if leg_policy is not None:  # the DiT policy decodes as its update needs
+    images, legs[leg_policy.name], leg_metrics = leg_policy.rollout_leg(run, prepared, sample, noise_key,
+                                                                        params["dit_params"], step)
+    extra.update({leg_policy.prefix(tuple(run.policies)) + k: v for k, v in leg_metrics.items()})
   else:
     latents = run.pipeline.initial_latents(noise_key, num_prompts, ga)
     images, _ = run.pipeline.decode_tokens(prepared, sample.target, latents, ga, run.pipeline.source_cache(prepared),
@@ -193,24 +112,21 @@ def collect(run, data_batch, key, trainables: dict, step: int = 0) -> RolloutRes
   jax.block_until_ready(images)
   t1 = time.perf_counter()
 
-  sampled = Sampled(sample, images, sde, clean)
+  sampled = Sampled(sample, images, legs)
   prompts = [p for p in data_batch.prompts for _ in range(request.images_per_prompt)]
   metadata = host_metadata(data_batch.metadata, request.images_per_prompt)
-  extra, batches, shapes, first_total = {}, {}, {}, None
+  batches, shapes, first_total = {}, {}, None
   for name, policy in run.policies.items():
     composer = run.composers[name]
     total, components = composer.score(images, prompts, metadata)
     rewards, group = policy.group_rewards(total, request)
     advantages, keep_B, zero_var = advantage_stats(
-        rewards, group_size=group, scale=policy.settings(cfg).advantage_scale, estimator=cfg.grpo.estimator,
-        std_eps=composer.std_eps,
-        drop_constant=cfg.grpo.drop_zero_variance_groups)
-    batches[name] = policy.rollout_batch(cfg, sampled, advantages, keep_B)
+        rewards, group_size=group, scale=policy.settings.advantage_scale, estimator=cfg.grpo.estimator,
+        std_eps=composer.std_eps, drop_constant=cfg.grpo.drop_zero_variance_groups)
+    batches[name] = policy.rollout_batch(sampled, advantages, keep_B)
     shapes[name] = policy.update_shape(sampled)
     extra.update(_reward_metrics(policy.prefix(tuple(run.policies)), total, components, advantages, zero_var))
     first_total = total if first_total is None else first_total
-  if sde is not None:
-    extra["decoder/window_start"] = sde.start.astype(jnp.float32)
   jax.block_until_ready(first_total)
   t2 = time.perf_counter()
   return RolloutResult(batches=batches, update_shapes=shapes, images=images, total=first_total, prompts=prompts,

@@ -24,9 +24,11 @@ def restored_params(run, workdir: str, use_ema: bool = False, step: int | None =
   has_steps = bool(saved_steps(workdir))
   trainables, step = {}, None
   for name, state in run.states.items():
-    check_adapters(directory, state.adapters_record(run.config), has_steps, state.policy.adapters_file)
-    averaged = use_ema and state.policy.settings(run.config).ema.enabled
-    item = state.policy.ema_item if averaged else state.policy.params_item
+    saved = state.policy.saved
+    check_adapters(directory, state.adapters_record(run.config), has_steps, saved.adapters_file,
+                   saved.lora_section)
+    averaged = use_ema and state.policy.settings.ema.enabled
+    item = saved.ema if averaged else saved.params
     saved, saved_step = restore_trained_params(workdir, state.checkpoint_params(), item, wanted)
     trainables[name] = state.trainable if saved is None else state.trainable_of(saved)
     step = saved_step if step is None else step

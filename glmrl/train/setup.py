@@ -6,6 +6,7 @@ Every check on the inputs happens here, before any model is built or compiled.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -41,9 +42,9 @@ class Run:
   pipeline: GlmImagePipeline
   states: dict              # policy name -> PolicyState
 
-  @property
+  @functools.cached_property
   def policies(self) -> dict:
-    """The trained policies by name (`glmrl.policy.registry`)."""
+    """The trained policies by name, bound to the run's config (`glmrl.policy.registry`)."""
     return registry.trained(self.config)
 
   @property
@@ -88,7 +89,7 @@ def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
                      f"{data} x {fsdp} = {devices} devices")
   for policy in registry.trained(config).values():
     batch = prompts * policy.rows_per_prompt(request)
-    micro = policy.settings(config).micro_batch_size or batch
+    micro = policy.settings.micro_batch_size or batch
     if batch % micro:
       raise UserError(f"{policy.micro_batch_key}={micro} does not divide its update's batch {batch}")
     if micro % devices:
@@ -142,7 +143,7 @@ def load_records(config, train: bool = True):
   # What the rewards read of every prompt: the trained policies' rewards score the training prompts (when the run
   # trains), and evaluation adds config.rewards.
   request = registry.rollout_request(config)
-  trained_entries = [e for p in registry.trained(config).values() for e in p.rewards(config, request)[0]]
+  trained_entries = [e for p in registry.trained(config).values() for e in p.rewards(request)[0]]
   for path, recs, entries in ((config.data.prompts_file, records, trained_entries if train else []),
                               (eval_path, eval_records, list(config.rewards) + trained_entries)):
     for entry in entries:
@@ -193,8 +194,8 @@ def model_configs(config, platform: str | None = None) -> glm_image.GlmImageConf
                                   remat=config.model.remat,
                                   dit_attention=None if attention == "xla" else attention,
                                   dit_cfg_batched=config.model.dit_cfg_batched)
-  if "decoder" in config.train.policies.split("+") and config.model.remat:
-    # The decoder update differentiates the DiT: without per-block remat one 1024^2 sample's backward keeps
+  if config.model.remat and any(p.component == "dit" for p in registry.trained(config).values()):
+    # A DiT policy's update differentiates the DiT: without per-block remat one 1024^2 sample's backward keeps
     # every block's activations and attention scores of both CFG branches (--mode=compile on v5p-64: 226 GB of
     # temporaries per chip for one sample per chip).
     configs = dataclasses.replace(configs, dit=dataclasses.replace(configs.dit, remat=True))
@@ -267,7 +268,7 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
   policies, request = registry.trained(config), registry.rollout_request(config)
   composers = {}
   for name, policy in policies.items():
-    entries, group = policy.rewards(config, request)
+    entries, group = policy.rewards(request)
     composers[name] = reward_composer(config, mesh, entries, group_size=group)
   # What evaluation reports (config.rewards over a prompt's samples): the AR policy's composer when it trains.
   composer = composers["ar"] if "ar" in composers else reward_composer(config, mesh)
@@ -294,7 +295,7 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
   # What the models' shapes decide (which layers the LoRA targets match) is checked on abstract models, by the
   # run's own builder, before any weight is made or read.
   for policy in policies.values():
-    if policy.settings(config).lora.enabled:
+    if policy.settings.lora.enabled:
       abstract = glm_image.abstract_model(policy.component, getattr(configs, policy.component))
       build_state(policy, config, abstract, mesh, abstract=True, train=False)
   logging.info("mesh %s on %d devices", dict(mesh.shape), jax.device_count())

@@ -31,6 +31,8 @@ from checkpoints_convert.components import load_component
 from checkpoints_convert.maps.dit import RULES
 from checkpoints_convert.rules import KeyMap, flax_path_str
 from glmrl.checkpoint import manager
+from glmrl.policy import ar as ar_policy
+from glmrl.policy import dit
 from glmrl.models import lora
 from glmrl.models.dit.config import DiTConfig
 from tests.checkpoints_convert import tiny_folders
@@ -41,8 +43,8 @@ AR, DIT = "vision_language_encoder", "transformer"
 RANK, ALPHA = 4, 6.0  # scale 1.5: an adapter loaded with alpha = rank (diffusers' default) would show
 ADAPTER_ATOL = 1e-5   # diffusers adapter vs diffusers merged kernels
 PORT_ATOL = 1e-4      # diffusers vs our DiT (tests/models/dit)
-ITEMS = ("params", "opt_state", "rng", "meta", manager.DECODER_PARAMS, manager.DECODER_OPT_STATE,
-         manager.DECODER_EMA)
+ITEMS = ("params", "opt_state", "rng", "meta", dit.SAVED.params, dit.SAVED.opt_state,
+         dit.SAVED.ema)
 quiet = lambda s: None
 
 
@@ -67,16 +69,16 @@ def write_run(workdir, converted, decoder_state, *, decoder_lora=None, ar_state=
   with ocp.CheckpointManager(ckpt, item_names=ITEMS) as mngr:
     mngr.save(3, args=ocp.args.Composite(
         params=ocp.args.StandardSave(ar_state), meta=ocp.args.JsonSave({"step": 3}),
-        **{manager.DECODER_PARAMS: ocp.args.StandardSave(decoder_state)},
-        **({} if decoder_ema is None else {manager.DECODER_EMA: ocp.args.StandardSave(decoder_ema)})))
+        **{dit.SAVED.params: ocp.args.StandardSave(decoder_state)},
+        **({} if decoder_ema is None else {dit.SAVED.ema: ocp.args.StandardSave(decoder_ema)})))
     mngr.wait_until_finished()
   shutil.copy(converted / AR / "config.json", ckpt / manager.AR_CONFIG_FILE)
   with open(ckpt / manager.SOURCE_FILE, "w") as f:
     json.dump({"checkpoint_dir": str(converted) if source else ""}, f)
   if dit_config:
-    with open(ckpt / manager.DIT_CONFIG_FILE, "w") as f:
+    with open(ckpt / dit.SAVED.model_config_file, "w") as f:
       json.dump(DiTConfig.tiny().to_hf(), f)
-  for record, name in ((decoder_lora, manager.DECODER_LORA_FILE), (ar_lora, manager.LORA_FILE)):
+  for record, name in ((decoder_lora, dit.SAVED.adapters_file), (ar_lora, ar_policy.SAVED.adapters_file)):
     if record is not None:
       with open(ckpt / name, "w") as f:
         json.dump(record, f)
@@ -146,13 +148,13 @@ def test_full_dit_without_source_uses_dit_config(full_run, tmp_path):
   # A run that recorded no DiT config has nothing to write the DiT with: said, not guessed.
   bare = tmp_path / "bare"
   shutil.copytree(workdir, bare)
-  os.remove(bare / "checkpoints" / manager.DIT_CONFIG_FILE)
+  os.remove(bare / "checkpoints" / dit.SAVED.model_config_file)
   result = flax_to_hf.export(str(bare), str(tmp_path / "hf2"), source_dir="", log=quiet)
   assert set(result["exported"]) == {AR}
   assert not (tmp_path / "hf2" / DIT).exists()
   reason = result["incomplete_reason"]
-  assert f"the trained transformer ({bare / 'checkpoints' / '3' / manager.DECODER_PARAMS}) was not written" in reason
-  assert f"{bare / 'checkpoints' / manager.DIT_CONFIG_FILE} is missing" in reason
+  assert f"the trained transformer ({bare / 'checkpoints' / '3' / dit.SAVED.params}) was not written" in reason
+  assert f"{bare / 'checkpoints' / dit.SAVED.model_config_file} is missing" in reason
 
 
 def test_decoder_only_run_takes_the_generator_from_the_source(full_run, converted, tmp_path):
@@ -233,7 +235,7 @@ def test_dit_lora_without_source(lora_run, tmp_path):
   workdir, _ = lora_run
   out = tmp_path / "hf"
   with pytest.raises(ValueError, match=rf"--merge_lora needs the base the adapters of "
-                                       rf"{workdir / 'checkpoints' / '3' / manager.DECODER_PARAMS} .*source_dir=''"):
+                                       rf"{workdir / 'checkpoints' / '3' / dit.SAVED.params} .*source_dir=''"):
     flax_to_hf.export(str(workdir), str(out), source_dir="", merge_lora=True, log=quiet)
   assert not out.exists()  # refused before anything was written
   result = flax_to_hf.export(str(workdir), str(out), source_dir="", log=quiet)

@@ -133,12 +133,12 @@ def test_logprob_metrics_leave_the_forced_end_token_out_of_the_entropy():
 def test_lora_alpha_left_unset_is_the_rank():
   """`--config.lora.rank=4` alone launches, at scale alpha / rank = 1 (the DiT's adapters alike)."""
   from glmrl import config_checks
-  from glmrl.policy import decoder as decoder_policy
+  from glmrl.policy import flow_grpo
 
   config = tiny_config(lora__rank=4)
   config.decoder.lora.alpha = 0.0
   config_checks.validate(config)
-  assert ar_policy.POLICY.settings(config).lora.alpha == 4.0
-  assert decoder_policy.POLICY.settings(config).lora.alpha == float(config.decoder.lora.rank)
+  assert ar_policy.ArPolicy(config).settings.lora.alpha == 4.0
+  assert flow_grpo.FlowGrpoPolicy(config).settings.lora.alpha == float(config.decoder.lora.rank)
   config.lora.alpha = 8.0
-  assert ar_policy.POLICY.settings(config).lora.alpha == 8.0
+  assert ar_policy.ArPolicy(config).settings.lora.alpha == 8.0

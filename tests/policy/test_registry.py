@@ -1,27 +1,50 @@
-"""The decoder policy a config names, the rollout it asks for, its settings, and where a random SDE window lies."""
+"""The DiT policy a config names, the rollout it asks for, its settings, and where a random SDE window lies."""
 
 import pytest
 
 from configs import demo_decoder
-from glmrl.policy import decoder, decoder_matching, registry
+from configs import glm_image_t2i_decoupled
+from glmrl.policy import awm, flow_grpo, nft, registry
+from glmrl.policy import ar as ar_policy
 
 
-@pytest.mark.parametrize("variant,policy,sde,clean", [
-    ("flow_grpo", decoder.POLICY, True, False), ("cps", decoder.POLICY, True, False),
-    ("guard", decoder.POLICY, True, False),
-    ("nft", decoder_matching.NFT, False, True), ("awm", decoder_matching.AWM, False, True)])
-def test_the_algorithm_picks_the_policy_and_its_rollout(variant, policy, sde, clean):
+@pytest.mark.parametrize("variant,policy", [
+    ("flow_grpo", flow_grpo.FlowGrpoPolicy), ("cps", flow_grpo.FlowGrpoPolicy), ("guard", flow_grpo.FlowGrpoPolicy),
+    ("nft", nft.NftPolicy), ("awm", awm.AwmPolicy)])
+def test_the_algorithm_picks_the_policy_and_its_rollout(variant, policy):
   c = demo_decoder.get_config(variant)
-  assert registry.trained(c) == {"decoder": policy}
+  trained = registry.trained(c)
+  assert list(trained) == ["decoder"] and type(trained["decoder"]) is policy
+  assert registry.decoding(trained) is trained["decoder"]
   request = registry.rollout_request(c)
-  assert (request.sde, request.clean, request.samples_per_grid) == (sde, clean, 8)
+  assert (request.grids_per_prompt, request.samples_per_grid) == (1, 8)
+
+
+def test_one_rollout_serves_both_policies_and_the_dit_policy_decodes_it():
+  c = glm_image_t2i_decoupled.get_config("tiny")
+  trained = registry.trained(c)
+  assert list(trained) == ["ar", "decoder"] and type(trained["ar"]) is ar_policy.ArPolicy
+  assert registry.decoding(trained) is trained["decoder"]
+  request = registry.rollout_request(c)
+  assert (request.grids_per_prompt, request.samples_per_grid) == (c.grpo.group_size, c.decoder.group_size)
+  c.train.policies = "ar"
+  assert registry.decoding(registry.trained(c)) is None
+
+
+def test_every_policy_saves_under_names_of_its_own():
+  """Two policies never share a checkpoint item or record (the export finds each model by them)."""
+  names = [n for saved in registry.SAVED.values()
+           for n in (saved.params, saved.opt_state, saved.ema, saved.adapters_file, saved.model_config_file)]
+  assert len(names) == len(set(names))
+  for name, saved in registry.SAVED.items():
+    assert registry.policy(name, demo_decoder.get_config()).saved is saved
 
 
 def test_decoder_settings_carry_its_average_and_advantage_scale():
   c = demo_decoder.get_config("nft")
   c.decoder.adv_std = "batch"
-  settings = registry.policy("decoder", c).settings(c)
-  assert settings.advantage_scale == "batch" and registry.policy("ar", c).settings(c).advantage_scale == "group"
+  settings = registry.policy("decoder", c).settings
+  assert settings.advantage_scale == "batch" and registry.policy("ar", c).settings.advantage_scale == "group"
   assert (settings.ema.decay, settings.ema.every, settings.ema.ramp) == (0.5, 1, 0.001)
 
 
@@ -34,7 +57,7 @@ def test_decoder_settings_carry_its_average_and_advantage_scale():
 def test_random_window_lies_within_its_range_and_never_holds_the_final_step(steps, size, window_range, starts):
   c = demo_decoder.get_config()
   c.decoder.train_steps, c.decoder.window_size, c.decoder.window_range = steps, size, window_range
-  assert decoder.window_starts(c) == starts
+  assert flow_grpo.window_starts(c) == starts
   assert starts[1] + size <= steps - 1
 
 
@@ -58,8 +81,8 @@ def test_sliding_window_walks_its_range_as_mixgrpo(every, stride, roll_back):
   c.decoder.train_steps, c.decoder.window_size, c.decoder.window_range = 12, 2, (1, 10)
   c.decoder.window_slide_every, c.decoder.window_slide_stride = every, stride
   c.decoder.window_slide_roll_back = roll_back
-  first, last = decoder.window_starts(c)
+  first, last = flow_grpo.window_starts(c)
   assert (first, last) == (1, 8)
-  got = [int(decoder.window_start(c, None, step)) for step in range(40)]
+  got = [int(flow_grpo.window_start(c, None, step)) for step in range(40)]
   assert got == mixgrpo_starts(40, every, stride or 2, first, last, roll_back)
   assert min(got) == first and max(got) <= last and (roll_back or max(got) == last)

@@ -21,7 +21,7 @@ from glmrl.grpo import flow
 from glmrl.models import lora as lora_lib
 from glmrl.models.vae import AutoencoderKL, VAEConfig
 from glmrl.sampling import decode, scheduler
-from glmrl.policy import decoder as decoder_policy
+from glmrl.policy import flow_grpo as decoder_policy
 from tests.policy.tiny_dit import adapted_dit
 
 H = W = 64
@@ -33,7 +33,7 @@ B = 4
 def spec(**kw):
   base = dict(noise_level=NOISE, guidance_scale=GUIDANCE, clip_range=1e-4, adv_clip_max=5.0, beta=0.0,
               micro_batches=1, reference="adapters_off")
-  return decoder_policy.DecoderSpec(**{**base, **kw})
+  return decoder_policy.FlowSpec(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def setup():
                                          sigmas, GUIDANCE, size, crop, None, decode.SdeWindow(NOISE, SIZE),
                                          jax.random.split(jax.random.key(4), B), START)
   batch_first = lambda x: jnp.swapaxes(x, 0, 1)
-  rollout = decoder_policy.DecoderRollout(
+  rollout = decoder_policy.FlowRollout(
       cond=cond, target_size=size, crop=crop, latents_before=batch_first(traj.latents_before),
       latents_after=batch_first(traj.latents_after), sampler_logp=batch_first(traj.sampler_logp),
       old_logp=jnp.full((B, SIZE), jnp.nan), advantages=jnp.array([1.5, -0.5, -1.0, 8.0]),
@@ -61,13 +61,14 @@ def setup():
 
 def accumulate(setup, first=True, **kw):
   graphdef, adapters, base, rollout, window = setup
-  return decoder_policy.accumulate_gradients(graphdef, adapters, base, rollout, window, None, first, spec=spec(**kw))
+  return decoder_policy.accumulate_gradients(graphdef, adapters, base, decoder_policy.FlowBatch(rollout, window), None,
+                                             first, spec=spec(**kw))
 
 
 def test_first_update_ratio_is_exactly_one_and_logprobs_are_the_samplers(setup):
   graphdef, adapters, base, rollout, window = setup
   tx = optax.adam(1e-3)
-  batch = decoder_policy.DecoderBatch(rollout, window)
+  batch = decoder_policy.FlowBatch(rollout, window)
   new, _, metrics, (old, old_mean) = decoder_policy.update(graphdef, adapters, base, tx.init(adapters), batch, None,
                                                            True, spec=spec(), tx=tx, schedule=lambda _: 1e-3)
   assert float(metrics["ratio/min"]) == float(metrics["ratio/max"]) == 1.0
@@ -168,7 +169,7 @@ def test_guard_first_update_ratio_is_exactly_one_and_keeps_the_step_means(setup)
   tx = optax.adam(1e-3)
   rollout = rollout.replace(old_mean=jnp.full_like(rollout.latents_after, jnp.nan))
   _, _, metrics, (old, old_mean) = decoder_policy.update(
-      graphdef, adapters, base, tx.init(adapters), decoder_policy.DecoderBatch(rollout, window), None, True,
+      graphdef, adapters, base, tx.init(adapters), decoder_policy.FlowBatch(rollout, window), None, True,
       spec=spec(ratio_norm=True), tx=tx, schedule=lambda _: 1e-3)
   assert float(metrics["ratio/min"]) == float(metrics["ratio/max"]) == 1.0
   assert float(metrics["skipped"]) == 0.0

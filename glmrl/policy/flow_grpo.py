@@ -1,6 +1,6 @@
-"""The decoder (DiT) policy: Flow-GRPO on the SDE window of its denoising steps (config.decoder.algorithm
-'flow_grpo'; the likelihood-free algorithms are `decoder_matching.py`). Its rollout batch, its spec,
-its update (one jitted function over the trained timesteps) and the `Policy` object the run calls (`POLICY`).
+"""Flow-GRPO on the DiT (config.decoder.algorithm 'flow_grpo'): its rollout leg (the SDE window of its denoising
+steps), its batch and that batch's abstract shapes, its spec, its update (one jitted function over the trained
+timesteps) and the bound policy (`FlowGrpoPolicy`).
 
 The policy of one SDE step is the Gaussian of `glmrl.grpo.flow`; its mean comes from the CFG-guided
 velocity (`decode.guided_velocity`, the sampler's own function: conditional and unconditional branch,
@@ -17,25 +17,24 @@ gradient of the mean over every (sample, timestep) of the rollout.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 from flax import struct
 
-from glmrl.checkpoint.manager import DECODER_EMA, DECODER_LORA_FILE, DECODER_OPT_STATE, DECODER_PARAMS
 from glmrl.grpo import flow
 from glmrl.models import lora as lora_lib
 from glmrl.policy import accumulate
-from glmrl.policy import ema as ema_lib
-from glmrl.policy.base import Request, Settings, lora_alpha
+from glmrl.policy import dit
 from glmrl.sampling import decode
+from glmrl.sampling.pipeline import SdeRequest
 
 
 @struct.dataclass
-class DecoderRollout:
-  """What the decoder update needs of one rollout (every leaf [B, ...], sharded over the batch axes)."""
+class FlowRollout:
+  """What the Flow-GRPO update needs of one rollout (every leaf [B, ...], sharded over the batch axes)."""
   cond: decode.Conditioning   # the DiT conditioning of each sample
   target_size: jax.Array      # [B, 2]
   crop: jax.Array             # [B, 2]
@@ -64,15 +63,15 @@ class Window:
 
 
 @struct.dataclass
-class DecoderBatch:
-  """The decoder update's input: the rollout's rows and the trained steps' schedule."""
-  rollout: DecoderRollout
+class FlowBatch:
+  """The Flow-GRPO update's input: the rollout's rows and the trained steps' schedule."""
+  rollout: FlowRollout
   window: Window
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderSpec:
-  """Static description of the decoder update (part of the compiled program's identity)."""
+class FlowSpec:
+  """Static description of the Flow-GRPO update (part of the compiled program's identity)."""
   noise_level: float
   guidance_scale: float
   clip_range: float
@@ -85,7 +84,7 @@ class DecoderSpec:
   ratio_norm: bool = False  # GRPO-Guard's normalised ratio (`glmrl.grpo.flow.guard_log_ratio`)
 
 
-def step_mean(graphdef, params, frozen, mb: DecoderRollout, window: Window, w, spec: DecoderSpec):
+def step_mean(graphdef, params, frozen, mb: FlowRollout, window: Window, w, spec: FlowSpec):
   """(mu [b, C, h, w], step_std) of the policy `params` at trained step w of the micro-batch."""
   # copy=True: fresh Variables for jax.grad's trace (as the AR update; see step.rollout_logprobs).
   dit = nnx.merge(graphdef, params, frozen, copy=True)
@@ -94,7 +93,7 @@ def step_mean(graphdef, params, frozen, mb: DecoderRollout, window: Window, w, s
   return flow.step_mean(spec.sde_type, x, v, window.sigmas[w], window.sigmas_next[w], spec.noise_level)
 
 
-def step_logprob(graphdef, params, frozen, mb: DecoderRollout, window: Window, w, spec: DecoderSpec):
+def step_logprob(graphdef, params, frozen, mb: FlowRollout, window: Window, w, spec: FlowSpec):
   """[b] log-probs of the recorded step x_t -> x_{t+1} at trained step w under `params` (the one function
   the old and new log-probs both come from)."""
   mu, std = step_mean(graphdef, params, frozen, mb, window, w, spec)
@@ -119,17 +118,17 @@ def _timestep_loss(params, graphdef, frozen, mb, window, w, mu_ref, first, spec)
 _MEAN_STATS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
 
 
-def accumulate_gradients(graphdef, params, frozen, rollout: DecoderRollout, window: Window, ref_params, first, *,
-                         spec: DecoderSpec):
+def accumulate_gradients(graphdef, params, frozen, batch: FlowBatch, ref_params, first, *, spec: FlowSpec):
   """(summed float32 gradient of the numerators, statistics, (old_logp [B, W], old_mean [B, W, C, h, w] or
   None)) over micro-batches x steps."""
+  window = batch.window
   grad_fn = jax.grad(_timestep_loss, has_aux=True)
   if spec.reference == "adapters_off":
     ref_params = lora_lib.adapters_off(params)
   use_kl = spec.beta > 0
   steps = window.timesteps.shape[0]
 
-  def timestep(carry, w, mb):
+  def timestep(carry, mb, w):
     mu_ref = None
     if use_kl:
       mu_ref, _ = step_mean(graphdef, ref_params, frozen, mb, window, w, spec)
@@ -137,49 +136,12 @@ def accumulate_gradients(graphdef, params, frozen, rollout: DecoderRollout, wind
     grads, (aux, old) = grad_fn(params, graphdef, frozen, mb, window, w, mu_ref, first, spec)
     return accumulate.add(carry, grads, aux, aux["denominator"], _MEAN_STATS), old
 
-  def micro_batch(carry, mb):
-    carry, old_W = jax.lax.scan(lambda c, w: timestep(c, w, mb), carry, jnp.arange(steps))
-    return carry, jax.tree.map(lambda x_WxB: jnp.swapaxes(x_WxB, 0, 1), old_W)
-
-  (grads_sum, stats), old_M = jax.lax.scan(micro_batch, accumulate.init(params, _MEAN_STATS),
-                                           accumulate.split_micro(rollout, spec.micro_batches))
-  return grads_sum, stats, jax.tree.map(accumulate.merge_micro, old_M)
+  (grads_sum, stats), old = accumulate.scan_steps(timestep, accumulate.init(params, _MEAN_STATS), batch.rollout,
+                                                  spec.micro_batches, steps)
+  return grads_sum, stats, old
 
 
-def update(graphdef, params, frozen, opt_state, batch: DecoderBatch, ref_params=None, first=True, *,
-           spec: DecoderSpec, tx: optax.GradientTransformation, schedule):
-  """One optimizer step of the DiT on the rollout's trained steps; returns (params, opt_state, metrics,
-  (old_logp, old_mean or None)).
-
-  A non-finite loss or gradient leaves params and optimizer state untouched and reports `skipped = 1`.
-  """
-  grads_sum, stats, old = accumulate_gradients(graphdef, params, frozen, batch.rollout, batch.window,
-                                               ref_params, first, spec=spec)
-  # Every (sample, step) in the loss counts once: the statistics' means are over the denominator.
-  new_params, new_opt_state, metrics = accumulate.apply(tx, schedule, params, opt_state, grads_sum, stats,
-                                                        jnp.maximum(stats["denominator"], 1.0))
-  return new_params, new_opt_state, metrics, old
-
-
-def train_guidance(config) -> float:
-  """The CFG scale of the decoder's training rollouts and loss: config.decoder.train_guidance, unset (0) the
-  sampling scale; 1.0 is CFG-free (one DiT pass per step)."""
-  return float(config.decoder.train_guidance or config.sampling.guidance_scale)
-
-
-def micro_batches(config, images: int) -> int:
-  return images // (POLICY.settings(config).micro_batch_size or images)
-
-
-def decoder_spec(config, images: int) -> DecoderSpec:
-  """The static description of the run's decoder update on `images` rows."""
-  d, settings = config.decoder, POLICY.settings(config)
-  return DecoderSpec(
-      noise_level=float(d.noise_level), guidance_scale=train_guidance(config),
-      clip_range=float(d.clip_range), adv_clip_max=float(d.adv_clip_max), beta=settings.beta,
-      micro_batches=micro_batches(config, images),
-      reference="adapters_off" if settings.lora.enabled else "params", sde_type=d.sde_type,
-      ratio_norm=bool(d.ratio_norm))
+update = functools.partial(dit.update, accumulate_gradients)
 
 
 def window_starts(config) -> tuple[int, int]:
@@ -213,65 +175,68 @@ def window_start(config, key, step: int = 0):
   return jax.random.randint(key, (), first, last + 1, jnp.int32)
 
 
-class DecoderPolicy:
-  """Flow-GRPO on the DiT (`glmrl.policy.base.Policy`): groups of one token grid's SDE samples."""
-  name = "decoder"
-  component = "dit"
-  params_item, opt_item, ema_item = DECODER_PARAMS, DECODER_OPT_STATE, DECODER_EMA
-  adapters_file = DECODER_LORA_FILE
-  lora_section = "config.decoder.lora"
-  salt = 0xD17
-  full_filter = nnx.Param
+class FlowGrpoPolicy(dit.DitPolicy):
+  """Flow-GRPO on the DiT, bound to the run's config: groups of one token grid's SDE samples."""
 
-  micro_batch_key = "config.decoder.micro_batch_size"
+  def spec(self, images: int) -> FlowSpec:
+    """The static description of its update on `images` rows."""
+    d, settings = self.config.decoder, self.settings
+    return FlowSpec(
+        noise_level=float(d.noise_level), guidance_scale=self.guidance, clip_range=float(d.clip_range),
+        adv_clip_max=float(d.adv_clip_max), beta=settings.beta, micro_batches=settings.micro_batches(images),
+        reference=settings.reference, sde_type=d.sde_type, ratio_norm=bool(d.ratio_norm))
 
-  def rows_per_prompt(self, request: Request) -> int:
-    """Rows of its update per prompt: one per image."""
-    return request.images_per_prompt
+  def sde(self) -> decode.SdeWindow:
+    d = self.config.decoder
+    return decode.SdeWindow(noise_level=float(d.noise_level), size=d.window_size, sde_type=d.sde_type)
 
-  def rewards(self, config, request: Request) -> tuple:
-    """(its reward entries, the rows a per-group normalisation spans: a token grid's samples)."""
-    return config.decoder.rewards, request.samples_per_grid
+  def rollout_leg(self, run, prepared, sample, key, dit_params, step: int) -> tuple:
+    """(images, FlowBatch of the recorded window steps (learner log-probs, advantages and mask still empty),
+    metrics): the SDE window at its start for rollout step `step` (fixed, sliding or random)."""
+    pipeline, d = run.pipeline, self.config.decoder
+    noise_key, window_key = jax.random.split(key)
+    target_B, latents, noise_keys_B, cond = self.leg_inputs(run, prepared, sample, noise_key)
+    start = window_start(self.config, window_key, step)
+    images, _, trajectory = self.decode(run, prepared, target_B, latents, cond, dit_params,
+                                        sde=SdeRequest(self.sde(), start, noise_keys_B))
+    window = Window.at(*pipeline.schedule(self.train_steps), start, d.window_size)
+    batch_first = lambda x_WxB: pipeline.shard_batch(jnp.swapaxes(x_WxB, 0, 1))
+    rollout = FlowRollout(
+        **self.rows(pipeline, cond), latents_before=batch_first(trajectory.latents_before),
+        latents_after=batch_first(trajectory.latents_after), sampler_logp=batch_first(trajectory.sampler_logp),
+        old_logp=None, advantages=None, mask=None)
+    return images, FlowBatch(rollout, window), {"window_start": start.astype(jnp.float32)}
 
-  def settings(self, config) -> Settings:
-    d = config.decoder
-    return Settings(group_size=d.group_size,
-                    lora=lora_lib.LoraConfig(rank=d.lora.rank, alpha=lora_alpha(d.lora),
-                                             targets=lora_lib.target_patterns(d.lora.targets)),
-                    optim=d.optim, num_iterations=d.num_iterations, beta=float(d.beta),
-                    micro_batch_size=d.micro_batch_size,
-                    ema=ema_lib.EmaSettings(decay=float(d.ema.decay), every=d.ema.every, ramp=float(d.ema.ramp)),
-                    advantage_scale=d.adv_std)
+  def abstract_leg(self, run, chunk: int) -> tuple:
+    """The decode program's SDE arguments for a chunk of `chunk` images: the window, noise keys, its start."""
+    return self.sde(), run.batch_keys(chunk), run.replicated((), jnp.int32)
 
-  def request(self, config) -> Request:
-    return Request(samples_per_grid=config.decoder.group_size, sde=True)
-
-  def prefix(self, policies) -> str:
-    del policies
-    return "decoder/"
-
-  def group_rewards(self, total_B, request: Request):
-    return total_B, request.samples_per_grid
-
-  def rollout_batch(self, config, sampled, advantages, keep) -> DecoderBatch:
-    sde = sampled.sde
-    rollout = sde.rollout.replace(
-        old_logp=jnp.full_like(sde.rollout.sampler_logp, jnp.nan), advantages=advantages,
-        mask=jnp.broadcast_to(keep[:, None], (keep.shape[0], config.decoder.window_size)),
+  def rollout_batch(self, sampled, advantages, keep) -> FlowBatch:
+    batch = sampled.legs[self.name]
+    rollout = batch.rollout.replace(
+        old_logp=jnp.full_like(batch.rollout.sampler_logp, jnp.nan), advantages=advantages,
+        mask=jnp.broadcast_to(keep[:, None], (keep.shape[0], self.config.decoder.window_size)),
         # GRPO-Guard's old means, filled by the first update (one program for every iteration).
-        old_mean=jnp.full_like(sde.rollout.latents_after, jnp.nan, jnp.float32) if config.decoder.ratio_norm
+        old_mean=jnp.full_like(batch.rollout.latents_after, jnp.nan, jnp.float32) if self.config.decoder.ratio_norm
         else None)
-    return DecoderBatch(rollout, sde.window)
+    return batch.replace(rollout=rollout)
+
+  def abstract_inputs(self, run) -> tuple:
+    """(update shape, FlowBatch) of its update, abstract: the SDE window's steps of every image."""
+    b, steps = run.images, self.config.decoder.window_size
+    per_step = run.batch_array((b, steps), jnp.float32)
+    latents = run.batch_array((b, steps, *run.latent_shape), jnp.float32)
+    rollout = FlowRollout(
+        **self.abstract_rows(run, b), latents_before=latents, latents_after=latents, sampler_logp=per_step,
+        old_logp=per_step, advantages=run.batch_array((b,), jnp.float32), mask=per_step,
+        old_mean=latents if self.config.decoder.ratio_norm else None)
+    window = Window(*(run.replicated((steps,), jnp.float32) for _ in range(3)))
+    return (b,), FlowBatch(rollout, window)
 
   def update_shape(self, sampled) -> tuple:
-    return (sampled.sde.rollout.sampler_logp.shape[0],)
+    return (sampled.legs[self.name].rollout.sampler_logp.shape[0],)
 
-  def make_update(self, state, config, shape):
-    images, = shape
-    return state.jit_update(update, decoder_spec(config, images))
-
-  def after_first(self, batch: DecoderBatch, outputs, config) -> tuple[DecoderBatch, dict]:
-    del config
+  def after_first(self, batch: FlowBatch, outputs) -> tuple[FlowBatch, dict]:
     rollout = batch.rollout
     # The sampler's log-probs vs the learner's of the same steps: one guided velocity function, two programs.
     old_logp, old_mean = outputs
@@ -281,16 +246,12 @@ class DecoderPolicy:
   def anchors(self, state):
     return state.reference
 
-  def rollout_trainable(self, state):
-    return state.trainable
+  def trained_steps(self) -> int:
+    """Denoising steps its update trains per image: the SDE window."""
+    return self.config.decoder.window_size
 
-  def trained_steps(self, config) -> int:
-    """Denoising steps its update trains per image (the FLOPs of `glmrl.aot.report`): the SDE window."""
-    return config.decoder.window_size
-
-  def anchor_passes(self, config) -> int:
+  def anchor_passes(self) -> int:
     """The DiT forwards its update adds per trained step beside its own: the reference's under a KL."""
-    return int(float(config.decoder.beta) > 0)
+    return int(self.settings.beta > 0)
 
-
-POLICY = DecoderPolicy()
+  update = staticmethod(update)

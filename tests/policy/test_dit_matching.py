@@ -19,7 +19,8 @@ from flax import nnx
 
 from glmrl.grpo import flow, matching
 from glmrl.models import lora as lora_lib
-from glmrl.policy import decoder_matching as dm
+from glmrl.policy import awm, nft
+from glmrl.policy import dit_matching as dm
 from glmrl.sampling import decode, scheduler
 from tests.policy.tiny_dit import adapted_dit
 
@@ -29,8 +30,8 @@ GUIDANCE = 3.0
 
 
 def spec(algorithm="nft", **kw):
-  objective = (dm.NftObjective(nft_beta=0.5, adv_clip_max=5.0) if algorithm == "nft" else
-               dm.AwmObjective(clip_range=0.5, adv_clip_max=5.0, weighting="t"))
+  objective = (nft.NftObjective(nft_beta=0.5, adv_clip_max=5.0) if algorithm == "nft" else
+               awm.AwmObjective(clip_range=0.5, adv_clip_max=5.0, weighting="t"))
   base = dict(objective=objective, guidance_scale=GUIDANCE, beta=0.0, ema_beta=0.0, micro_batches=1,
               reference="adapters_off")
   return dm.MatchingSpec(**{**base, **kw})
@@ -81,7 +82,7 @@ def direct_loss(adapters, setup, s: dm.MatchingSpec, old_logp=None):
     v_ema = jax.lax.stop_gradient(velocity(graphdef, ema, base, rollout, x_t, t))
     v_ref = jax.lax.stop_gradient(velocity(graphdef, off, base, rollout, x_t, t))
     o = s.objective
-    if isinstance(o, dm.NftObjective):
+    if isinstance(o, nft.NftObjective):
       r = matching.optimality(rollout.advantages, o.adv_clip_max)
       term = matching.nft_loss(v, v_ema, rollout.x0, x_t, sigma, r, beta=o.nft_beta, scale=o.adv_clip_max)
     else:

@@ -1,0 +1,209 @@
+"""What the DiT policies trained on the forward process share: DiffusionNFT (`nft.py`) and Advantage Weighted
+Matching (`awm.py`). Their rollout leg, their batch and its abstract shapes, the slot's inputs and anchors' velocities,
+the one accumulation over micro-batches x slots and the base of their bound policies (`MatchingPolicy`); each
+algorithm gives its objective (its loss of one slot).
+
+The rollout is the plain ODE sampler (decoder.train_steps steps at decoder.train_guidance; 1.0 is CFG-free,
+one DiT pass per step); only the clean latents x0 of each image are kept, no trajectory. Each image then
+trains at `decoder.train_timesteps` steps of that schedule drawn without replacement (DiffusionNFT trains at
+the sampling schedule's own timesteps, shuffled per sample), noised with fresh eps per (image, timestep):
+x_t = (1 - sigma) x0 + sigma eps with the schedule's sigma, the DiT run at the schedule's timestep, as the
+sampler pairs them. eps is drawn from a per-image key folded with the timestep's slot, so every iteration
+of an update sees the same x_t (AWM's old and new log-probs then compare the same points).
+
+Both may add beta x the velocity-space KL to the reference (the initial DiT, or adapters off) and
+ema_beta x the one to the moving average (AWM's anchor). The gradient is accumulated exactly over
+micro-batches x timesteps (`glmrl.policy.accumulate.scan_steps`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax import struct
+
+from glmrl.grpo import matching
+from glmrl.models import lora as lora_lib
+from glmrl.policy import accumulate
+from glmrl.policy import dit
+from glmrl.sampling import decode
+
+
+@struct.dataclass
+class MatchingRollout:
+  """What the update needs of one rollout (every leaf [B, ...], sharded over the batch axes)."""
+  cond: decode.Conditioning
+  target_size: jax.Array   # [B, 2]
+  crop: jax.Array          # [B, 2]
+  x0: jax.Array            # [B, C, h, w] the clean latents the rollout decoded
+  noise_keys: jax.Array    # [B] keys of each image's training noise (eps of slot k: fold_in(key, k))
+  timesteps: jax.Array     # [B, K] the DiT's timestep input at each trained slot
+  sigmas: jax.Array        # [B, K] the flow time sigma of each trained slot
+  old_logp: jax.Array      # [B, K] AWM's old log-probs, from the first update (NaN until then; NFT: unused)
+  advantages: jax.Array    # [B]
+  mask: jax.Array          # [B, K] 1 in the loss, 0 for dropped groups
+
+
+@struct.dataclass
+class Anchors:
+  """The parameters the update holds fixed: the KL reference (None: adapters off, or no KL) and the moving
+  average (NFT's old policy, AWM's anchor)."""
+  reference: object
+  ema: object
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchingSpec:
+  """Static description of the update (part of the compiled program's identity)."""
+  objective: object      # the algorithm's loss of one slot (`nft.NftObjective`, `awm.AwmObjective`)
+  guidance_scale: float
+  beta: float            # velocity KL to the reference
+  ema_beta: float        # velocity KL to the moving average
+  micro_batches: int
+  reference: str = "params"  # "params" (a copy of the initial DiT) or "adapters_off" (DiT LoRA)
+
+  @property
+  def uses_average(self) -> bool:
+    """The update runs the moving average's velocity: the objective contrasts with it, or it anchors the loss."""
+    return self.objective.contrasts_average or self.ema_beta > 0
+
+
+def velocity(graphdef, params, frozen, mb: MatchingRollout, x_t, t_b, spec: MatchingSpec):
+  """The (guided) velocity [b, C, h, w] of the DiT under `params` at x_t and per-image timesteps t_b."""
+  dit = nnx.merge(graphdef, params, frozen, copy=True)
+  return decode.guided_velocity(dit, mb.cond, x_t, t_b, spec.guidance_scale, mb.target_size, mb.crop)
+
+
+def slot_inputs(mb: MatchingRollout, k):
+  """(x_t, v*, sigma [b], timestep [b]) of trained slot k of the micro-batch."""
+  eps = jax.vmap(lambda key: jax.random.normal(jax.random.fold_in(key, k), mb.x0.shape[1:], jnp.float32))(
+      mb.noise_keys)
+  sigma = mb.sigmas[:, k]
+  return matching.noised(mb.x0, eps, sigma), matching.velocity_target(mb.x0, eps), sigma, mb.timesteps[:, k]
+
+
+def _slot_loss(params, graphdef, frozen, mb, k, fixed, first, spec: MatchingSpec):
+  """(numerator, (aux, AWM's old log-probs [b] or None)) of slot k; `fixed`: the anchors' velocities."""
+  x_t, target, sigma, t = slot_inputs(mb, k)
+  v = velocity(graphdef, params, frozen, mb, x_t, t, spec)
+  mask = mb.mask[:, k]
+  masked_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  kl = None if fixed["ref"] is None else matching.velocity_kl(v, fixed["ref"])
+  numerator, aux, old = spec.objective.slot_loss(v, x_t, target, sigma, mb, k, fixed, first, kl, mask, spec.beta)
+  if spec.ema_beta > 0:
+    ema_kl = matching.velocity_kl(v, fixed["ema"])
+    numerator = numerator + spec.ema_beta * jnp.sum(ema_kl * mask)
+    aux["ema_kl_mean"] = masked_mean(ema_kl)
+  return numerator, (dict(aux, numerator=numerator), old)
+
+
+def mean_stats(spec: MatchingSpec) -> tuple[str, ...]:
+  return spec.objective.stats + (("ema_kl_mean",) if spec.ema_beta > 0 else ())
+
+
+def accumulate_gradients(graphdef, params, frozen, rollout: MatchingRollout, anchors: Anchors, first, *,
+                         spec: MatchingSpec):
+  """(summed float32 gradient of the numerators, statistics, AWM's old log-probs [B, K] or None)."""
+  grad_fn = jax.grad(_slot_loss, has_aux=True)
+  ref = lora_lib.adapters_off(params) if spec.reference == "adapters_off" else anchors.reference
+  use_ema = spec.uses_average
+  stats_names = mean_stats(spec)
+  slots = rollout.timesteps.shape[1]
+
+  def slot(carry, mb, k):
+    x_t, _, _, t = slot_inputs(mb, k)
+    fixed = {"ref": None, "ema": None}
+    if spec.beta > 0:
+      fixed["ref"] = jax.lax.stop_gradient(velocity(graphdef, ref, frozen, mb, x_t, t, spec))
+    if use_ema:
+      fixed["ema"] = jax.lax.stop_gradient(velocity(graphdef, anchors.ema, frozen, mb, x_t, t, spec))
+    grads, (aux, old) = grad_fn(params, graphdef, frozen, mb, k, fixed, first, spec)
+    return accumulate.add(carry, grads, aux, aux["denominator"], stats_names), old
+
+  carry0 = accumulate.init(params, stats_names, ratio=spec.objective.has_ratio)
+  (grads_sum, stats), old_logp = accumulate.scan_steps(slot, carry0, rollout, spec.micro_batches, slots)
+  return grads_sum, stats, old_logp
+
+
+update = functools.partial(dit.update, accumulate_gradients)
+
+
+def draw_slots(key, model_timesteps_S, sigmas_S1, images: int, slots: int):
+  """([B, K] timesteps, [B, K] sigmas): K distinct steps of the S-step schedule per image, uniformly."""
+  steps = model_timesteps_S.shape[0]
+  idx_BxK = jnp.argsort(jax.random.uniform(key, (images, steps)), axis=1)[:, :slots]
+  return model_timesteps_S[idx_BxK], sigmas_S1[:steps][idx_BxK]
+
+
+class MatchingPolicy(dit.DitPolicy):
+  """A forward-process policy on the DiT, bound to the run's config: groups of one token grid's ODE samples
+  (differing by their initial noise), trained at drawn timesteps of their clean latents. Subclasses give the
+  objective (`objective`) and the trained state their rollouts sample with."""
+  objective = None
+
+  def spec(self, images: int) -> MatchingSpec:
+    """The static description of its update on `images` rows."""
+    settings = self.settings
+    return MatchingSpec(
+        objective=self.objective, guidance_scale=self.guidance, beta=settings.beta,
+        ema_beta=float(self.config.decoder.ema_beta), micro_batches=settings.micro_batches(images),
+        reference=settings.reference)
+
+  def slots(self) -> int:
+    """Trained slots per image: decoder.train_timesteps, 0: every step of the rollout's schedule."""
+    return self.config.decoder.train_timesteps or self.train_steps
+
+  def rollout_leg(self, run, prepared, sample, key, dit_params, step: int) -> tuple:
+    """(images, MatchingRollout, metrics): every grid decoded by the ODE, the clean latents kept with each image's
+    trained slots and training-noise keys (advantages, mask and old log-probs still empty)."""
+    del step
+    pipeline = run.pipeline
+    noise_key, slot_key, train_key = jax.random.split(key, 3)
+    target_B, latents, _, cond = self.leg_inputs(run, prepared, sample, noise_key)
+    images, x0 = self.decode(run, prepared, target_B, latents, cond, dit_params)
+    b = x0.shape[0]
+    timesteps, sigmas = draw_slots(slot_key, *pipeline.schedule(self.train_steps), b, self.slots())
+    rollout = MatchingRollout(
+        **self.rows(pipeline, cond), x0=pipeline.shard_batch(x0),
+        noise_keys=pipeline.shard_batch(jax.random.split(train_key, b)), timesteps=pipeline.shard_batch(timesteps),
+        sigmas=pipeline.shard_batch(sigmas), old_logp=None, advantages=None, mask=None)
+    return images, rollout, {}
+
+  def rollout_batch(self, sampled, advantages, keep) -> MatchingRollout:
+    rollout = sampled.legs[self.name]
+    return rollout.replace(old_logp=jnp.full(rollout.timesteps.shape, jnp.nan, jnp.float32), advantages=advantages,
+                           mask=jnp.broadcast_to(keep[:, None], rollout.timesteps.shape))
+
+  def abstract_inputs(self, run) -> tuple:
+    """(update shape, MatchingRollout) of its update, abstract: every image's clean latents and trained slots."""
+    b = run.images
+    per_slot = run.batch_array((b, self.slots()), jnp.float32)
+    return (b,), MatchingRollout(
+        **self.abstract_rows(run, b), x0=run.batch_array((b, *run.latent_shape), jnp.float32),
+        noise_keys=run.batch_keys(b), timesteps=per_slot, sigmas=per_slot, old_logp=per_slot,
+        advantages=run.batch_array((b,), jnp.float32), mask=per_slot)
+
+  def update_shape(self, sampled) -> tuple:
+    return (sampled.legs[self.name].x0.shape[0],)
+
+  def after_first(self, batch: MatchingRollout, outputs) -> tuple[MatchingRollout, dict]:
+    if outputs is None:  # nothing of the first update is reused (DiffusionNFT)
+      return batch, {}
+    return batch.replace(old_logp=outputs), {}
+
+  def anchors(self, state) -> Anchors:
+    return Anchors(state.reference, state.ema)
+
+  def trained_steps(self) -> int:
+    return self.slots()
+
+  def anchor_passes(self) -> int:
+    """The DiT forwards its update adds per trained step beside its own: the reference's under a KL, the moving
+    average's when the objective contrasts with it or an anchor weighs it."""
+    return int(self.settings.beta > 0) + int(self.spec(1).uses_average)
+
+  update = staticmethod(update)
