@@ -15,9 +15,11 @@ one meaning throughout the package:
   H  attention heads                          K  key/value heads        Q  query heads per key/value head
   I  input width of a linear map              O  output width           J  members of a stacked kernel
   U  chunks of a chunked loop                 Z  tokens of one chunk    M  micro-batches
-  R  LoRA rank                                W  trained (SDE window) steps of the decoder policy
+  R  LoRA rank                                W  trained steps of a DiT policy (its SDE window's, or
+                                                 the slots drawn per image)
   V  vocabulary or codebook entries           C  channels               F  features (frequencies, patch pixels)
   A  rotary (angle) features                  h, w  spatial height and width (pixels, latents or grids)
+  s  denoising steps of a schedule            e  its step edges (s + 1 sigmas)
 """
 
 import flax

@@ -1,12 +1,12 @@
-"""Training checkpoints: `<workdir>/checkpoints/<step>/{params,opt_state,rng,meta}`.
+"""Training checkpoints: `<workdir>/checkpoints/<step>/{<each policy's items>,rng,meta}`.
 
-`params` holds the whole AR generator's parameter state (trainable and frozen
-parts, the same paths as a converted checkpoint), so `python -m
-checkpoints_convert --to_hf --ckpt_dir=<workdir>` exports it; the generator's
-HF config sits beside the steps as `ar_config.json`, and the converted folder
-the run started from as `source.json` (the export takes every other pipeline
-component from there). A LoRA run's `params` hold only its adapters; `lora.json`
-records their settings and the identity of the base they adapt.
+Each trained policy saves its items under its own names (`glmrl.policy.base.Saved`): the AR generator's `params`
+and `opt_state`, the DiT's `decoder_params` and `decoder_opt_state`, and a moving average where the run keeps one.
+A policy's params item holds its whole model's parameter state (trainable and frozen parts, the same paths as a
+converted checkpoint), so `python -m checkpoints_convert --to_hf --ckpt_dir=<workdir>` exports it; under LoRA only
+its adapters, with a record of their settings and the identity of their base (`glmrl.checkpoint.adapters`). The
+trained models' HF configs sit beside the steps (`ar_config.json`, `dit_config.json`), and the converted folder
+the run started from as `source.json` (the export takes every other pipeline component from there).
 
 A step that does not restore (a truncated or missing file) is reported and
 the newest step that does restore is used; the unreadable steps are moved,
@@ -15,10 +15,8 @@ untouched, into `checkpoints/unreadable/` (see `restore_latest`).
 
 import contextlib
 import json
-import logging as std_logging
 import os
 import shutil
-import sys
 import time
 
 import jax
@@ -26,39 +24,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from glmrl.checkpoint import fingerprint as fingerprint_lib
-from glmrl.errors import UserError
-from glmrl.thread_errors import os_error_raised_in, quiet_os_errors
+from glmrl.checkpoint.adapters import check_adapters
+from glmrl.checkpoint.atomic import write_json_atomic
+from glmrl.checkpoint.errors import CheckpointError, CheckpointSaveError
+from glmrl.checkpoint.orbax_noise import ORPHANED_READS
+from glmrl.thread_errors import quiet_os_errors
 
 AR_CONFIG_FILE = "ar_config.json"
 SOURCE_FILE = "source.json"
 UNREADABLE_DIR = "unreadable"
 # Longest error summary quoted per step (TensorStore messages embed whole specs).
 _SUMMARY_CHARS = 400
-
-
-class CheckpointError(UserError):
-  """No step of a run's checkpoints folder restores; the message names the folder and each step's error."""
-
-
-class CheckpointSaveError(UserError):
-  """A checkpoint could not be written (a full disk, a folder gone): the run stops, its older steps intact."""
-
-
-def write_text_atomic(path: str, text: str) -> None:
-  """Writes through a temporary file and a rename, so a reader never sees half a file (process 0 of a
-  multi-process run writes the run's records; the others hold the same values)."""
-  if jax.process_index():
-    return
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
-def write_json_atomic(path: str, value) -> None:
-  """`value` as indented JSON, by `write_text_atomic`."""
-  write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True))
 
 
 def read_source(directory: str) -> str | None:
@@ -74,44 +50,6 @@ def read_source(directory: str) -> str | None:
   if not isinstance(value, str):
     raise ValueError(f"{path}: checkpoint_dir must be a string, got {value!r}")
   return value
-
-
-def check_adapters(directory: str, adapters: dict | None, has_steps: bool, file: str, section: str) -> None:
-  """The run's adapters (`{"rank", "alpha", "targets", "base": {"checkpoint_dir", "fingerprint"}}`, or
-  None for full fine-tuning) must be those `directory`'s checkpoints were trained with: adapters never
-  resume onto another base, and full fine-tuning and adapter checkpoints never mix. `file`: the policy's record
-  (`glmrl.policy.base.Saved.adapters_file`); `section`: its LoRA settings' config path, for messages."""
-  path = os.path.join(directory, file)
-  recorded = None
-  if os.path.isfile(path):
-    with open(path) as f:
-      recorded = json.load(f)
-  if not has_steps or recorded == adapters:
-    return
-  if recorded is None:
-    raise CheckpointError(f"{directory} holds full fine-tuning checkpoints but this run trains LoRA adapters "
-                          f"({section}.rank > 0): use a new --workdir")
-  if adapters is None:
-    raise CheckpointError(f"{directory} holds LoRA adapter checkpoints ({path}: rank {recorded.get('rank')}) but "
-                          f"this run is full fine-tuning ({section}.rank=0): set the same {section}, or use a "
-                          "new --workdir")
-  base, run_base = recorded.get("base") or {}, adapters.get("base") or {}
-  # A fingerprint in the earlier, rounded-float form rounds differently from one CPU to another: such a base is
-  # checked by its folder alone (and the record is rewritten in the exact form after this check).
-  legacy = fingerprint_lib.is_legacy(base.get("fingerprint"))
-  if base != run_base and not (legacy and base.get("checkpoint_dir") == run_base.get("checkpoint_dir")):
-    raise CheckpointError(f"refusing to resume: the adapters in {directory} were trained on the base "
-                          f"{recorded.get('base')} ({path}), this run's base is {adapters.get('base')}; "
-                          "point config.model.checkpoint_dir at the base they were trained on, or use a new --workdir")
-  if {**recorded, "base": None} == {**adapters, "base": None}:
-    if legacy:
-      logging.warning("%s records its base's fingerprint in the earlier, rounded-float form, whose rounding "
-                      "differs between CPUs: the base is checked by its checkpoint_dir only (%s)", path,
-                      base.get("checkpoint_dir"))
-    return
-  diff = sorted(k for k in set(recorded) | set(adapters) if recorded.get(k) != adapters.get(k))
-  raise CheckpointError(f"{directory} holds adapters with other settings ({path}): "
-                        + ", ".join(f"{k} {recorded.get(k)!r} there, {adapters.get(k)!r} here" for k in diff))
 
 
 class TrainCheckpointer:
@@ -146,7 +84,7 @@ class TrainCheckpointer:
         options=ocp.CheckpointManagerOptions(
             save_interval_steps=save_interval, max_to_keep=max_to_keep, enable_async_checkpointing=True),
         item_names=(*items, "rng", "meta"))
-    _ORPHANED_READS.watch_saves(self.directory)
+    ORPHANED_READS.watch_saves(self.directory)
     for file, (record, _) in (adapters or {}).items():
       if record is not None:
         write_json_atomic(os.path.join(self.directory, file), record)
@@ -280,7 +218,7 @@ def restore_newest(directory: str, steps, restore):
   for step in sorted(steps, reverse=True):
     path = os.path.join(directory, str(step))
     try:
-      with _ORPHANED_READS.restoring(path):
+      with ORPHANED_READS.restoring(path):
         restored = restore(step)
     except Exception as e:  # pylint: disable=broad-except  # whatever broke this step, older ones may read
       failures.append((step, describe_failure(path, e)))
@@ -346,72 +284,3 @@ def describe_failure(step_path: str, error: BaseException) -> str:
   return summary
 
 
-class _OrphanedReads:
-  """Drops the stray errors of a failed restore's orphaned reads.
-
-  Orbax closes its event loop on the first read error while TensorStore still completes the
-  step's other reads; each completion then fails to reach the closed loop, or its coroutine is
-  closed with the read error, or its future is collected unretrieved, and each prints a traceback
-  (hundreds of lines for one truncated file), before and after the step has been reported.
-  Dropped, while a restore runs or once one failed: 'Event loop is closed' errors (a live
-  restore's loop is open, so they come from a failed one) and the errors and asyncio log records
-  naming a step folder that is being restored or failed to. Anything else goes where it went
-  before (so nothing changes for a run whose restores succeed).
-  """
-
-  def __init__(self):
-    self.current: str | None = None  # the step folder being restored
-    self.failed: set[str] = set()
-    self.saving: set[str] = set()  # checkpoints folders being saved into (`TrainCheckpointer`)
-    self.installed = False
-
-  @contextlib.contextmanager
-  def restoring(self, step_path: str):
-    self._install()
-    self.current = step_path.rstrip(os.sep) + os.sep
-    try:
-      yield
-    except BaseException:
-      self.failed.add(self.current)
-      raise
-    finally:
-      self.current = None
-
-  def watch_saves(self, directory: str) -> None:
-    self._install()
-    self.saving.add(directory)
-
-  def _names_step(self, text: str) -> bool:
-    # A failed background write names its step's temporary folder; the next save or close reports it in one line.
-    if ".orbax-checkpoint-tmp" in text and any(d in text for d in self.saving):
-      return True
-    return any(p in text for p in (*self.failed, *([self.current] if self.current else [])))
-
-  def _install(self):
-    if self.installed:
-      return
-    self.installed = True
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-      exc = unraisable.exc_value
-      loop_closed = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
-      if not ((loop_closed and (self.current or self.failed or self.saving)) or self._names_step(str(exc))):
-        previous(unraisable)
-
-    sys.unraisablehook = hook
-    about_a_step = lambda r: self._names_step(r.getMessage() + str(r.exc_info[1] if r.exc_info else ""))
-    orbax_os_error = lambda r: os_error_raised_in(r.exc_info[1] if r.exc_info else None, "orbax")
-    # A write that failed on a full disk is also logged by asyncio ('Future exception was never retrieved') when
-    # the run stops; it names no folder, only its OSError raised in Orbax.
-    std_logging.getLogger("asyncio").addFilter(
-        lambda r: not (about_a_step(r) or (self.saving and orbax_os_error(r))))
-    # Orbax logs a failed background save from each of its threads and again when it is waited for, traceback
-    # and all, before the next save or close reports it once (`TrainCheckpointer._surfaced`). Some of those
-    # records name no folder (a full disk while writing a step's JSON metadata): their OSError identifies them.
-    logging.get_absl_logger().addFilter(
-        lambda r: not ("orbax" in r.pathname and self.saving and (
-            about_a_step(r) or any(d in r.getMessage() for d in self.saving) or orbax_os_error(r))))
-
-
-_ORPHANED_READS = _OrphanedReads()

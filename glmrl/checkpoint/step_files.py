@@ -10,6 +10,8 @@ restore at resume); a folder that fails here is left to that restore, which sets
 import json
 import os
 
+from glmrl.checkpoint.errors import CheckpointError
+
 STEP_RECORD = "_CHECKPOINT_METADATA"
 META_ITEM = "meta"  # the JSON item of each step: {"step", "data", ...} (TrainCheckpointer.save)
 _ITEM_FILES = {META_ITEM: "metadata"}  # every other item is an array tree with Orbax's `_METADATA`
@@ -41,8 +43,6 @@ def step_problem(directory: str, step: int) -> str | None:
 def newest_is_complete(directory: str, steps: list[int]) -> bool:
   """Whether the newest of `steps` reads as complete; CheckpointError, before any model is built, when none does
   (a folder of garbage named like a step is never a finished run)."""
-  from glmrl.checkpoint.manager import CheckpointError  # pylint: disable=import-outside-toplevel  # manager imports Orbax
-
   problems = {s: step_problem(directory, s) for s in steps}
   if steps and all(problems.values()):
     raise CheckpointError(

@@ -48,11 +48,11 @@ def scan_steps(step, carry, rollout, micro_batches: int, steps: int):
   (`split_micro`) x trained step k in [0, steps); returns (carry, outs [B, steps, ...] in batch order, or None).
   One (micro-batch, step) pair at a time: activation memory is that of one step of one micro-batch."""
   def micro_batch(carry, mb):
-    carry, out_Kxb = jax.lax.scan(lambda c, k: step(c, mb, k), carry, jnp.arange(steps))
-    return carry, jax.tree.map(lambda x_Kxb: jnp.swapaxes(x_Kxb, 0, 1), out_Kxb)
+    carry, out_WxB = jax.lax.scan(lambda c, k: step(c, mb, k), carry, jnp.arange(steps))
+    return carry, jax.tree.map(lambda x_WxB: jnp.swapaxes(x_WxB, 0, 1), out_WxB)
 
-  carry, out_Mxbx_ = jax.lax.scan(micro_batch, carry, split_micro(rollout, micro_batches))
-  return carry, jax.tree.map(merge_micro, out_Mxbx_)
+  carry, out_MxBx_ = jax.lax.scan(micro_batch, carry, split_micro(rollout, micro_batches))
+  return carry, jax.tree.map(merge_micro, out_MxBx_)
 
 
 # Metric names of the statistics a loss may report (masked means, `add`'s `mean_stats`).

@@ -51,7 +51,7 @@ class Saved:
   params: str              # step item of its trained parameters (the whole model's, or its LoRA adapters)
   opt_state: str           # step item of its optimizer state
   ema: str                 # step item of its moving average (saved when its settings keep one)
-  adapters_file: str       # record of its LoRA adapters and their base (`checkpoint.manager.check_adapters`)
+  adapters_file: str       # record of its LoRA adapters and their base (`checkpoint.adapters.check_adapters`)
   model_config_file: str   # record of the trained model's HF config (the export writes the model with it)
   lora_section: str        # its LoRA settings' config path, for messages
   role: str                # what the trained model is, in messages ("generator", "decoder")

@@ -41,11 +41,11 @@ class MatchingRollout:
   crop: jax.Array          # [B, 2]
   x0: jax.Array            # [B, C, h, w] the clean latents the rollout decoded
   noise_keys: jax.Array    # [B] keys of each image's training noise (eps of slot k: fold_in(key, k))
-  timesteps: jax.Array     # [B, K] the DiT's timestep input at each trained slot
-  sigmas: jax.Array        # [B, K] the flow time sigma of each trained slot
-  old_logp: jax.Array      # [B, K] AWM's old log-probs, from the first update (NaN until then; NFT: unused)
+  timesteps: jax.Array     # [B, W] the DiT's timestep input at each trained slot
+  sigmas: jax.Array        # [B, W] the flow time sigma of each trained slot
+  old_logp: jax.Array      # [B, W] AWM's old log-probs, from the first update (NaN until then; NFT: unused)
   advantages: jax.Array    # [B]
-  mask: jax.Array          # [B, K] 1 in the loss, 0 for dropped groups
+  mask: jax.Array          # [B, W] 1 in the loss, 0 for dropped groups
 
 
 @struct.dataclass
@@ -107,7 +107,7 @@ def mean_stats(spec: MatchingSpec) -> tuple[str, ...]:
 
 def accumulate_gradients(graphdef, params, frozen, rollout: MatchingRollout, anchors: Anchors, first, *,
                          spec: MatchingSpec):
-  """(summed float32 gradient of the numerators, statistics, AWM's old log-probs [B, K] or None)."""
+  """(summed float32 gradient of the numerators, statistics, AWM's old log-probs [B, W] or None)."""
   grad_fn = jax.grad(_slot_loss, has_aux=True)
   ref = lora_lib.adapters_off(params) if spec.reference == "adapters_off" else anchors.reference
   use_ema = spec.uses_average
@@ -132,11 +132,11 @@ def accumulate_gradients(graphdef, params, frozen, rollout: MatchingRollout, anc
 update = functools.partial(dit.update, accumulate_gradients)
 
 
-def draw_slots(key, model_timesteps_S, sigmas_S1, images: int, slots: int):
-  """([B, K] timesteps, [B, K] sigmas): K distinct steps of the S-step schedule per image, uniformly."""
-  steps = model_timesteps_S.shape[0]
-  idx_BxK = jnp.argsort(jax.random.uniform(key, (images, steps)), axis=1)[:, :slots]
-  return model_timesteps_S[idx_BxK], sigmas_S1[:steps][idx_BxK]
+def draw_slots(key, model_timesteps_s, sigmas_e, images: int, slots: int):
+  """([B, W] timesteps, [B, W] sigmas): W distinct steps of the s-step schedule per image, uniformly."""
+  steps = model_timesteps_s.shape[0]
+  idx_BxW = jnp.argsort(jax.random.uniform(key, (images, steps)), axis=1)[:, :slots]
+  return model_timesteps_s[idx_BxW], sigmas_e[:steps][idx_BxW]
 
 
 class MatchingPolicy(dit.DitPolicy):

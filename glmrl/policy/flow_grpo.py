@@ -56,10 +56,10 @@ class Window:
   sigmas_next: jax.Array  # sigma_{t+1}
 
   @classmethod
-  def at(cls, model_timesteps_S, sigmas_S1, start, size: int) -> "Window":
+  def at(cls, model_timesteps_s, sigmas_e, start, size: int) -> "Window":
     """The `size` steps from step `start` (traced) of a schedule."""
     cut = lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, size)
-    return cls(cut(model_timesteps_S, start), cut(sigmas_S1, start), cut(sigmas_S1, start + 1))
+    return cls(cut(model_timesteps_s, start), cut(sigmas_e, start), cut(sigmas_e, start + 1))
 
 
 @struct.dataclass

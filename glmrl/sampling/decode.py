@@ -72,7 +72,7 @@ def merge_dit(dit_def, dit_state):
 
 @functools.partial(jax.jit, static_argnames=("dit_def", "vae_def", "sde", "guidance_scale"))
 def denoise_and_decode(dit_def, dit_state, vae_def, vae_state, cond: Conditioning, latents_BxCxhxw,
-                       model_timesteps_S, sigmas_S1, guidance_scale, target_size_Bx2, crop_Bx2,
+                       model_timesteps_s, sigmas_e, guidance_scale, target_size_Bx2, crop_Bx2,
                        source_cache: kvc.DiTKVCache | None = None, sde: SdeWindow | None = None, noise_keys_B=None,
                        window_start=0):
   """Runs the S denoising steps from `latents` and decodes: (uint8 images [B, H, W, 3], latents), plus the
@@ -80,7 +80,7 @@ def denoise_and_decode(dit_def, dit_state, vae_def, vae_state, cond: Conditionin
   the window starting at step `window_start`). `dit_state`: a state or a tuple of states. `guidance_scale` is
   static: 1.0 runs the conditional branch alone (`guided_velocity`)."""
   dit = merge_dit(dit_def, dit_state)
-  out = denoise(dit, cond, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
+  out = denoise(dit, cond, latents_BxCxhxw, model_timesteps_s, sigmas_e, guidance_scale,
                 target_size_Bx2, crop_Bx2, source_cache, sde=sde, noise_keys_B=noise_keys_B,
                 window_start=window_start)
   latents = out[0] if sde is not None else out
@@ -146,7 +146,7 @@ def _both_branches(dit, cond: Conditioning, x_BxCxhxw, t, target_size_Bx2, crop_
   return out_Bx2[:, 0], out_Bx2[:, 1]
 
 
-def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_S1, guidance_scale,
+def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_s, sigmas_e, guidance_scale,
             target_size_Bx2, crop_Bx2, source_cache=None, *, sde: SdeWindow | None = None, noise_keys_B=None,
             window_start=0):
   """The pipeline's Euler loop with CFG (`guided_velocity`): x <- x + (s' - s) v.
@@ -159,16 +159,16 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_
     # The loop body's own module: rematerialised blocks (DiT cfg.remat, on when the decoder policy trains) write
     # back to their Variables, which must belong to the trace that calls them.
     step_dit = nnx.merge(*nnx.split(dit), copy=True) if dit.cfg.remat else dit
-    return guided_velocity(step_dit, cond, x, model_timesteps_S[i], guidance_scale, target_size_Bx2, crop_Bx2,
+    return guided_velocity(step_dit, cond, x, model_timesteps_s[i], guidance_scale, target_size_Bx2, crop_Bx2,
                            source_cache)
 
   def step(i, x):
-    return euler_step_at(sigmas_S1, i, x, guided(i, x))
+    return euler_step_at(sigmas_e, i, x, guided(i, x))
 
   x0 = latents_BxCxhxw.astype(jnp.float32)
   if sde is None:
-    return jax.lax.fori_loop(0, model_timesteps_S.shape[0], step, x0)
-  num_steps = model_timesteps_S.shape[0]
+    return jax.lax.fori_loop(0, model_timesteps_s.shape[0], step, x0)
+  num_steps = model_timesteps_s.shape[0]
   if not 1 <= sde.size <= num_steps:
     raise ValueError(f"SDE window {sde} does not lie within the {num_steps} denoising steps")
   if not isinstance(window_start, jax.core.Tracer) and not 0 <= int(window_start) <= num_steps - sde.size:
@@ -180,7 +180,7 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_S, sigmas_
     x, record = carry
     v = guided(i, x)
     eps = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, i), x.shape[1:], jnp.float32))(noise_keys_B)
-    x_next, logp_B = flow.sde_step(x, v, sigmas_S1[i], sigmas_S1[i + 1], sde.noise_level, eps,
+    x_next, logp_B = flow.sde_step(x, v, sigmas_e[i], sigmas_e[i + 1], sde.noise_level, eps,
                                    sde_type=sde.sde_type)
     w = i - start
     record = Trajectory(record.latents_before.at[w].set(x), record.latents_after.at[w].set(x_next),

@@ -11,7 +11,8 @@ import numpy as np
 from absl import logging
 from PIL import Image
 
-from glmrl.checkpoint.manager import saved_steps, write_json_atomic, write_text_atomic
+from glmrl.checkpoint.atomic import write_json_atomic, write_text_atomic
+from glmrl.checkpoint.manager import saved_steps
 from glmrl.errors import UserError
 from glmrl.evaluation import page
 from glmrl.evaluation import report as report_lib

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from glmrl.checkpoint.manager import write_json_atomic, write_text_atomic
+from glmrl.checkpoint.atomic import write_json_atomic, write_text_atomic
 
 JSON_FILE = "config.json"
 PY_FILE = "config.py"

@@ -9,7 +9,8 @@ from typing import Iterator
 import jax
 from absl import logging
 
-from glmrl.checkpoint.manager import check_adapters, restore_trained_params, saved_steps
+from glmrl.checkpoint.adapters import check_adapters
+from glmrl.checkpoint.manager import restore_trained_params, saved_steps
 from glmrl.data import PromptIterator
 
 

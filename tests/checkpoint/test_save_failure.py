@@ -47,7 +47,7 @@ def test_a_metadata_write_failing_in_the_background_is_reported_once(tmp_path, m
   from etils.epath import abstract_path
 
   from glmrl.checkpoint import TrainCheckpointer
-  from glmrl.checkpoint.manager import CheckpointSaveError
+  from glmrl.checkpoint.errors import CheckpointSaveError
 
   write_text = abstract_path.Path.write_text
 

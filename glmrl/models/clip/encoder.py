@@ -35,20 +35,20 @@ class Attention(nnx.Module):
     self.v = linear(cfg, d, d, (EMBED, KV), rngs=rngs)
     self.o = linear(cfg, d, d, (HEADS, EMBED), rngs=rngs)
 
-  def __call__(self, x_BxLxD, mask_Bx1xLxS=None):
+  def __call__(self, x_BxLxD, mask_Bx1xLxT=None):
     b, l, _ = x_BxLxD.shape
-    h, k = self.num_heads, self.head_dim
-    q_BxLxHxK = self.q(x_BxLxD).reshape(b, l, h, k)
-    k_BxSxHxK = self.k(x_BxLxD).reshape(b, l, h, k)
-    v_BxSxHxK = self.v(x_BxLxD).reshape(b, l, h, k)
-    logits_BxHxLxS = jnp.einsum("blhk,bshk->bhls", q_BxLxHxK, k_BxSxHxK,
-                                preferred_element_type=jnp.float32) * (k ** -0.5)
-    if mask_Bx1xLxS is not None:
+    h, hd = self.num_heads, self.head_dim
+    q_BxLxHxD = self.q(x_BxLxD).reshape(b, l, h, hd)
+    k_BxTxHxD = self.k(x_BxLxD).reshape(b, l, h, hd)
+    v_BxTxHxD = self.v(x_BxLxD).reshape(b, l, h, hd)
+    logits_BxHxLxT = jnp.einsum("blhd,bthd->bhlt", q_BxLxHxD, k_BxTxHxD,
+                                preferred_element_type=jnp.float32) * (hd ** -0.5)
+    if mask_Bx1xLxT is not None:
       # The most negative finite value, not -inf: a fully masked row (left padding) stays finite.
-      logits_BxHxLxS = jnp.where(mask_Bx1xLxS, logits_BxHxLxS, jnp.finfo(jnp.float32).min)
-    probs_BxHxLxS = jax.nn.softmax(logits_BxHxLxS, axis=-1).astype(v_BxSxHxK.dtype)
-    o_BxLxHxK = jnp.einsum("bhls,bshk->blhk", probs_BxHxLxS, v_BxSxHxK)
-    return self.o(o_BxLxHxK.reshape(b, l, h * k))
+      logits_BxHxLxT = jnp.where(mask_Bx1xLxT, logits_BxHxLxT, jnp.finfo(jnp.float32).min)
+    probs_BxHxLxT = jax.nn.softmax(logits_BxHxLxT, axis=-1).astype(v_BxTxHxD.dtype)
+    o_BxLxHxD = jnp.einsum("bhlt,bthd->blhd", probs_BxHxLxT, v_BxTxHxD)
+    return self.o(o_BxLxHxD.reshape(b, l, h * hd))
 
 
 class FeedForward(nnx.Module):
@@ -71,6 +71,6 @@ class EncoderLayer(nnx.Module):
     self.norm2 = layer_norm(cfg, tower.hidden_size, tower.layer_norm_eps, rngs=rngs)
     self.mlp = FeedForward(cfg, tower, rngs=rngs)
 
-  def __call__(self, x_BxLxD, mask_Bx1xLxS=None):
-    x_BxLxD = x_BxLxD + self.attn(self.norm1(x_BxLxD), mask_Bx1xLxS)
+  def __call__(self, x_BxLxD, mask_Bx1xLxT=None):
+    x_BxLxD = x_BxLxD + self.attn(self.norm1(x_BxLxD), mask_Bx1xLxT)
     return x_BxLxD + self.mlp(self.norm2(x_BxLxD))
