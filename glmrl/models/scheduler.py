@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from glmrl.models.config_fields import known_fields
+from glmrl.models.config_fields import HFConfig
 
 _TIME_SHIFT_TYPES = ("exponential", "linear")
 # Scheduler options the GLM-Image pipeline does not use; accepted only at their off value.
@@ -23,8 +23,9 @@ _UNSUPPORTED_OFF = {
 
 
 @dataclasses.dataclass(frozen=True)
-class SchedulerConfig:
+class SchedulerConfig(HFConfig):
   """`scheduler/scheduler_config.json` of the checkpoint."""
+  HF_FIXED = {"_class_name": "FlowMatchEulerDiscreteScheduler", **_UNSUPPORTED_OFF}
   num_train_timesteps: int = 1000
   shift: float = 1.0
   use_dynamic_shifting: bool = True
@@ -50,14 +51,8 @@ class SchedulerConfig:
     return cls()
 
   @classmethod
-  def from_hf(cls, config: dict[str, Any]) -> "SchedulerConfig":
+  def from_hf(cls, config: dict[str, Any], **overrides) -> "SchedulerConfig":
     for key, off in _UNSUPPORTED_OFF.items():
       if config.get(key) not in (None, False):
         raise ValueError(f"scheduler option {key}={config[key]!r} is not supported (GLM-Image uses {off!r})")
-    return cls(**known_fields(cls, config))
-
-  def to_hf(self) -> dict[str, Any]:
-    out = {"_class_name": "FlowMatchEulerDiscreteScheduler"}
-    out.update(dataclasses.asdict(self))
-    out.update(_UNSUPPORTED_OFF)
-    return out
+    return super().from_hf(config, **overrides)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from glmrl.models.config_fields import HFConfig
 from glmrl.sharding import CONV_IN, CONV_OUT
 
 CONVS_PER_BLOCK = (2, 2, 3, 3, 3)
@@ -33,7 +34,8 @@ def torchvision_conv_indices() -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class VGG16Config:
+class VGG16Config(HFConfig):
+  RUNTIME = ("dtype", "param_dtype")
   block_channels: tuple[int, ...] = (64, 128, 256, 512, 512)
   in_channels: int = 3
   dtype: Any = jnp.float32
@@ -65,9 +67,6 @@ class VGG16Config:
     if unknown:
       raise ValueError(f"VGG16 config: unknown key(s) {unknown}")
     return cls(**{k: tuple(v) if k == "block_channels" else v for k, v in config_dict.items()})
-
-  def to_hf(self) -> dict:
-    return {"block_channels": list(self.block_channels), "in_channels": self.in_channels}
 
   @classmethod
   def full(cls, **overrides) -> "VGG16Config":

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from glmrl.models.config_fields import check_positive_ints, known_fields
+from glmrl.models.config_fields import HFConfig, check_positive_ints, known_fields
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
@@ -110,7 +110,7 @@ class TextConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class VisionConfig:
+class VisionConfig(HFConfig):
   """The ViT that encodes condition images (`vision_config`)."""
   depth: int = 40
   hidden_size: int = 1536
@@ -152,19 +152,15 @@ class VisionConfig:
     return self.image_size // self.patch_size
 
   @classmethod
-  def from_hf(cls, d: dict) -> "VisionConfig":
-    values = known_fields(cls, d)
+  def from_hf(cls, d: dict, **overrides) -> "VisionConfig":
     for k in ("image_size", "patch_size"):
-      if isinstance(values.get(k), (list, tuple)):
-        raise ValueError(f"VisionConfig.{k}={values[k]!r}: only a single int is supported")
-    return cls(**values)
-
-  def to_hf(self) -> dict:
-    return dataclasses.asdict(self)
+      if isinstance(d.get(k), (list, tuple)):
+        raise ValueError(f"VisionConfig.{k}={d[k]!r}: only a single int is supported")
+    return super().from_hf(d, **overrides)
 
 
 @dataclasses.dataclass(frozen=True)
-class VQConfig:
+class VQConfig(HFConfig):
   """The vector quantizer that turns vision features into codebook ids (`vq_config`)."""
   embed_dim: int = 2048
   num_embeddings: int = 16384
@@ -174,12 +170,6 @@ class VQConfig:
   def __post_init__(self):
     check_positive_ints(self, ("embed_dim", "num_embeddings", "latent_channels", "in_channels"))
 
-  @classmethod
-  def from_hf(cls, d: dict) -> "VQConfig":
-    return cls(**known_fields(cls, d))
-
-  def to_hf(self) -> dict:
-    return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,14 +20,17 @@ import jax.numpy as jnp
 from flax import nnx
 
 from glmrl.checkpoint import params as params_lib
+from glmrl.models.config_fields import HFConfig
 from glmrl.sharding import EMBED, MLP
 
 MODEL_TYPE = "laion_aesthetic_mlp"
 
 
 @dataclasses.dataclass(frozen=True)
-class AestheticConfig:
+class AestheticConfig(HFConfig):
   """Widths of the MLP: `embed_dim` in, `hidden` layers, then 1 out."""
+  HF_FIXED = {"model_type": MODEL_TYPE}
+  RUNTIME = ("dtype", "param_dtype")
   embed_dim: int = 768
   hidden: tuple[int, ...] = (1024, 128, 64, 16)
   dtype: Any = jnp.float32
@@ -51,9 +54,6 @@ class AestheticConfig:
     if unknown:
       raise ValueError(f"aesthetic config: unknown key(s) {unknown}")
     return cls(embed_dim=d.get("embed_dim", 768), hidden=tuple(d.get("hidden", (1024, 128, 64, 16))))
-
-  def to_hf(self) -> dict:
-    return {"model_type": MODEL_TYPE, "embed_dim": self.embed_dim, "hidden": list(self.hidden)}
 
   @property
   def widths(self) -> tuple[int, ...]:

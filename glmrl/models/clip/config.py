@@ -14,7 +14,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from glmrl.models.config_fields import check_positive_ints, known_fields
+from glmrl.models.config_fields import HFConfig, check_positive_ints
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     # OpenAI's CLIP was trained with the sigmoid approximation x * sigmoid(1.702 x).
@@ -39,8 +39,12 @@ def _sub_config(d: dict, key: str) -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
-class ClipTextConfig:
+class ClipTextConfig(HFConfig):
   """The causal text transformer (`text_config`); defaults are openai/clip-vit-large-patch14's."""
+  # transformers' CLIPTextConfig defaults for keys a config.json leaves out.
+  HF_DEFAULTS = dict(vocab_size=49408, hidden_size=512, intermediate_size=2048, num_hidden_layers=12,
+                     num_attention_heads=8, max_position_embeddings=77, hidden_act="quick_gelu", layer_norm_eps=1e-5,
+                     pad_token_id=1, bos_token_id=49406, eos_token_id=49407)
   vocab_size: int = 49408
   hidden_size: int = 768
   intermediate_size: int = 3072
@@ -68,22 +72,13 @@ class ClipTextConfig:
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
 
-  @classmethod
-  def from_hf(cls, d: dict) -> "ClipTextConfig":
-    # transformers' CLIPTextConfig defaults for keys a config.json leaves out.
-    values = dict(vocab_size=49408, hidden_size=512, intermediate_size=2048, num_hidden_layers=12,
-                  num_attention_heads=8, max_position_embeddings=77, hidden_act="quick_gelu",
-                  layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=49406, eos_token_id=49407)
-    values.update(known_fields(cls, d, drop_none=True))
-    return cls(**values)
-
-  def to_hf(self) -> dict:
-    return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
-class ClipVisionConfig:
+class ClipVisionConfig(HFConfig):
   """The ViT image tower (`vision_config`); defaults are openai/clip-vit-large-patch14's."""
+  # transformers' CLIPVisionConfig defaults for keys a config.json leaves out.
+  HF_DEFAULTS = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                     num_channels=3, image_size=224, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5)
   hidden_size: int = 1024
   intermediate_size: int = 4096
   num_hidden_layers: int = 24
@@ -121,17 +116,6 @@ class ClipVisionConfig:
   def num_positions(self) -> int:
     """Patches plus the class token."""
     return self.grid ** 2 + 1
-
-  @classmethod
-  def from_hf(cls, d: dict) -> "ClipVisionConfig":
-    # transformers' CLIPVisionConfig defaults for keys a config.json leaves out.
-    values = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                  num_channels=3, image_size=224, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5)
-    values.update(known_fields(cls, d, drop_none=True))
-    return cls(**values)
-
-  def to_hf(self) -> dict:
-    return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from glmrl.models.config_fields import check_positive_ints
+from glmrl.models.config_fields import HFConfig, check_positive_ints
 from glmrl.models.dit import attention
 
 HF_CLASS_NAME = "GlmImageTransformer2DModel"
@@ -32,8 +32,9 @@ _VALID_ATTENTION_IMPLS = (None, *attention.IMPLS)
 
 
 @dataclasses.dataclass(frozen=True)
-class DiTConfig:
-  """DiT hyper-parameters (HF names) plus runtime options.
+class DiTConfig(HFConfig):
+  """DiT hyper-parameters (HF names) plus runtime options; `to_hf()` is the `transformer/config.json` dict
+  (loadable by `GlmImageTransformer2DModel.from_config`).
 
   `dtype`: compute dtype; `param_dtype`: parameter dtype; `attention_impl`: the attention kernel
   (`attention.IMPLS`; None = "xla", `attention.xla`; "cudnn" = flash attention on NVIDIA GPUs in bf16/fp16;
@@ -42,6 +43,9 @@ class DiTConfig:
   forward of twice the batch (`glmrl.sampling.decode.guided_velocity`). The runtime options are not part of the
   HF config.
   """
+  HF_DEFAULTS = _HF_DEFAULTS
+  HF_FIXED = {"_class_name": HF_CLASS_NAME}
+  RUNTIME = ("dtype", "param_dtype", "attention_impl", "attention_block", "remat", "cfg_batched")
   patch_size: int = 2
   in_channels: int = 16
   out_channels: int = 16
@@ -100,10 +104,6 @@ class DiTConfig:
       raise ValueError(f"overrides {bad} are HF fields: put them in config_dict")
     values = {k: config_dict.get(k, _HF_DEFAULTS[k]) for k in HF_FIELDS}
     return cls(**values, **overrides)
-
-  def to_hf(self) -> dict:
-    """The `transformer/config.json` dict (loadable by `GlmImageTransformer2DModel.from_config`)."""
-    return {"_class_name": HF_CLASS_NAME, **{k: getattr(self, k) for k in HF_FIELDS}}
 
   @classmethod
   def full(cls, **overrides) -> "DiTConfig":

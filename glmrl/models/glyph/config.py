@@ -7,13 +7,22 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from glmrl.models.config_fields import HFConfig
+
 # Activation names transformers' ACT2FN accepts here. "gated-gelu" means the tanh-approximate
 # GELU ("gelu_new"), a T5 v1.1 convention kept by transformers for compatibility.
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu")
 
 
 @dataclasses.dataclass(frozen=True)
-class T5EncoderConfig:
+class T5EncoderConfig(HFConfig):
+  # T5Config's own defaults for keys a config.json leaves out.
+  HF_DEFAULTS = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8,
+                     relative_attention_num_buckets=32, relative_attention_max_distance=128, layer_norm_epsilon=1e-6,
+                     feed_forward_proj="relu", pad_token_id=0, eos_token_id=1)
+  HF_FIXED = {"architectures": ["T5EncoderModel"], "model_type": "t5", "is_encoder_decoder": False,
+              "use_cache": False, "tie_word_embeddings": False, "tokenizer_class": "ByT5Tokenizer"}
+  RUNTIME = ("dtype", "param_dtype")
   vocab_size: int = 384
   d_model: int = 1472
   d_kv: int = 64
@@ -62,37 +71,5 @@ class T5EncoderConfig:
     kw.update(overrides)
     return cls(**kw)
 
-  @classmethod
-  def from_hf(cls, config: dict[str, Any], **overrides) -> "T5EncoderConfig":
-    # T5Config's own defaults for keys a config.json leaves out.
-    kw = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8,
-              relative_attention_num_buckets=32, relative_attention_max_distance=128,
-              layer_norm_epsilon=1e-6, feed_forward_proj="relu", pad_token_id=0, eos_token_id=1)
-    for k in kw:
-      if config.get(k) is not None:
-        kw[k] = config[k]
-    kw.update(overrides)
-    return cls(**kw)
-
   def to_hf(self) -> dict[str, Any]:
-    return {
-        "architectures": ["T5EncoderModel"],
-        "model_type": "t5",
-        "vocab_size": self.vocab_size,
-        "d_model": self.d_model,
-        "d_kv": self.d_kv,
-        "d_ff": self.d_ff,
-        "num_layers": self.num_layers,
-        "num_heads": self.num_heads,
-        "relative_attention_num_buckets": self.relative_attention_num_buckets,
-        "relative_attention_max_distance": self.relative_attention_max_distance,
-        "layer_norm_epsilon": self.layer_norm_epsilon,
-        "feed_forward_proj": self.feed_forward_proj,
-        "pad_token_id": self.pad_token_id,
-        "eos_token_id": self.eos_token_id,
-        "decoder_start_token_id": self.pad_token_id,
-        "is_encoder_decoder": False,
-        "use_cache": False,
-        "tie_word_embeddings": False,
-        "tokenizer_class": "ByT5Tokenizer",
-    }
+    return {**super().to_hf(), "decoder_start_token_id": self.pad_token_id}
