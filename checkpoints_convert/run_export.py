@@ -133,9 +133,10 @@ def trained_models(params_dir: str, config_path: str, use_ema: bool = False) -> 
   run_dir, step_dir = os.path.dirname(config_path), os.path.dirname(params_dir)
   found = {name: saved for name, saved in policy_registry.SAVED.items()
            if os.path.isdir(os.path.join(step_dir, saved.params))}
-  averaged = {name for name, saved in found.items() if use_ema and os.path.isdir(os.path.join(step_dir, saved.ema))}
+  averaged = {name for name, saved in found.items()
+              if use_ema and saved.ema and os.path.isdir(os.path.join(step_dir, saved.ema))}
   if use_ema and not averaged:
-    items = " or ".join(repr(saved.ema) for saved in found.values())
+    items = " or ".join(repr(saved.ema) for saved in found.values() if saved.ema) or "moving-average"
     raise ValueError(f"--use_ema: {step_dir} holds no {items} item (the run kept no moving average of its trained "
                      "models: config.decoder.ema.every=0)")
   return [TrainedModel(components_lib.get(saved.export_component), saved.role,

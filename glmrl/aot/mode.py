@@ -20,9 +20,9 @@ from absl import logging
 from glmrl import sharding as sharding_lib
 from glmrl.aot import programs as programs_lib
 from glmrl.aot import report as report_lib
+from glmrl.aot import run_plan
 from glmrl.aot import topology as topology_lib
 from glmrl.errors import UserError
-from glmrl.train import setup as setup_lib
 
 REPORT_JSON = "compile_report.json"
 REPORT_TABLE = "compile_report.md"
@@ -40,7 +40,7 @@ def compile_report(config) -> dict:
   """The report of `config` on `config.compile.topology` (see the module doc)."""
   slice_ = topology_lib.parse(config.compile.topology)
   mesh = _mesh(config, topology_lib.devices(slice_))
-  setup_lib.check_batch(config, tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
+  run_plan.check_batch(config, tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
   if config.data.mode != "t2i":
     raise UserError("--mode=compile covers text-to-image runs (config.data.mode='t2i'); image-to-image adds the "
                     "condition images' DiT cache, which it does not lower yet")
@@ -50,8 +50,8 @@ def compile_report(config) -> dict:
   config = run.config
   state = run.resident_bytes()
   resident = sum(state.values())
-  flops = report_lib.step_flops(config, run.layout, run.configs, ar_params=programs_lib.generator_params(run),
-                                dit_params=programs_lib.num_params(run.models["dit"][1]))
+  flops = report_lib.step_flops(config, run.layout, run.configs, ar_param_count=programs_lib.generator_params(run),
+                                dit_param_count=programs_lib.num_params(run.models["dit"][1]))
   entries, fits = {}, True
   for name, builder in programs_lib.builders(run).items():
     t0 = time.perf_counter()

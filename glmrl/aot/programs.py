@@ -20,6 +20,7 @@ from flax import nnx
 from glmrl import sharding as sharding_lib
 from glmrl.aot import auto
 from glmrl.aot import report as report_lib
+from glmrl.aot import run_plan
 from glmrl.aot import topology
 from glmrl.models import glm_image
 from glmrl.models import lora as lora_lib
@@ -31,7 +32,6 @@ from glmrl.rewards import RewardComposer
 from glmrl.rewards import registry as reward_registry
 from glmrl.sampling import ar_sampler, decode, pipeline, rollout_weights, scheduler
 from glmrl.sampling.logprobs import sampling_config
-from glmrl.train import setup as setup_lib
 
 
 def batch_array(mesh, shape, dtype, batch_axis: int = 0):
@@ -145,7 +145,7 @@ def build(config, mesh, platform: str = "tpu", hbm_bytes: int | None = None) -> 
   """The run of `config` on `mesh` of `platform` chips, abstractly: `model.checkpoint_dir`'s configs, else the
   preset's; its config with every `auto` resolved for chips of `hbm_bytes` (default: the slice's, from the mesh's
   devices) and the choices in `run.choices`."""
-  configs = setup_lib.model_configs(config, platform=platform)
+  configs = run_plan.model_configs(config, platform=platform)
   models = {}
   for name in glm_image.COMPONENTS:
     graphdef, state = glm_image.abstract_model(name, getattr(configs, name))

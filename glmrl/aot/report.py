@@ -38,10 +38,10 @@ def bytes_per_chip(tree) -> int:
   return int(total)
 
 
-def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> dict:
+def step_flops(config, layout, configs, *, ar_param_count: int, dit_param_count: int) -> dict:
   """FLOPs of one training step by program, from the standard dense-transformer formulas.
 
-  AR: 2 N per token and forward (N = `ar_params`, the text decoder and head) plus causal attention
+  AR: 2 N per token and forward (N = `ar_param_count`, the text decoder and head) plus causal attention
   2 L S^2 E per sequence (L layers, S tokens, E width). DiT: 2 N_dit per token plus 4 L T^2 E attention over its
   T tokens (image patches and glyph tokens) per image, step and CFG branch; the rollout's decode runs both branches
   at every step, at the decoding policy's steps and guidance when one decodes (one branch at guidance 1.0). The
@@ -53,10 +53,10 @@ def step_flops(config, layout, configs, *, ar_params: int, dit_params: int) -> d
   images = config.data.prompts_per_step * request.images_per_prompt
   s = config.data.max_prompt_tokens + layout.num_new_tokens
   text, dit = configs.ar.text, configs.dit
-  ar_forward = rows * (2 * ar_params * s + 2 * text.num_hidden_layers * s * s * text.hidden_size)
+  ar_forward = rows * (2 * ar_param_count * s + 2 * text.num_hidden_layers * s * s * text.hidden_size)
   t = (config.data.height // 16) * (config.data.width // 16) + config.data.max_glyph_tokens
   dit_width = dit.num_attention_heads * dit.attention_head_dim
-  one_pass = 2 * dit_params * t + 4 * dit.num_layers * t * t * dit_width  # one image, one step, one branch
+  one_pass = 2 * dit_param_count * t + 4 * dit.num_layers * t * t * dit_width  # one image, one step, one branch
   leg = registry.decoding(policies)
   steps = leg.train_steps if leg is not None else config.sampling.dit_steps
   rollout_pass = one_pass if leg is not None and leg.guidance == 1.0 else 2 * one_pass

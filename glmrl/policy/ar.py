@@ -175,9 +175,9 @@ def logprob_metrics(sampler_logp, old_logp, *, forced_end: bool) -> dict:
   }
 
 
-# The AR generator's trained state: the step's `params` and `opt_state` items; its LoRA record lora.json; its HF
-# config (the export writes the trained generator with it).
-SAVED = Saved(params="params", opt_state="opt_state", ema="ema", adapters_file="lora.json",
+# The AR generator's trained state: the step's `params` and `opt_state` items (it keeps no moving average); its LoRA
+# record lora.json; its HF config (the export writes the trained generator with it).
+SAVED = Saved(params="params", opt_state="opt_state", ema=None, adapters_file="lora.json",
               model_config_file=AR_CONFIG_FILE, lora_section="config.lora", role="generator",
               export_component="vision_language_encoder")
 
@@ -191,6 +191,7 @@ class ArPolicy:
   full_filter = TRAINABLE
   micro_batch_key = "config.train.micro_batch_size"
   programs = ("rewards", "update")
+  rewards_key = "rewards"
   decodes = False
 
   def __init__(self, config):
@@ -216,7 +217,7 @@ class ArPolicy:
 
   def rewards(self, request: Request) -> tuple:
     """(its reward entries, the rows a per-group normalisation spans: a prompt's images)."""
-    return self.config.rewards, request.images_per_prompt
+    return self.config[self.rewards_key], request.images_per_prompt
 
   def prefix(self, policies) -> str:
     """None in an AR-only run (its metric names as ever), "ar/" beside another policy."""

@@ -50,7 +50,7 @@ class Saved:
   """Where a policy's state lives in a run's folder, and what the export reads of it."""
   params: str              # step item of its trained parameters (the whole model's, or its LoRA adapters)
   opt_state: str           # step item of its optimizer state
-  ema: str                 # step item of its moving average (saved when its settings keep one)
+  ema: str | None          # step item of its moving average (saved when its settings keep one; None: never)
   adapters_file: str       # record of its LoRA adapters and their base (`checkpoint.adapters.check_adapters`)
   model_config_file: str   # record of the trained model's HF config (the export writes the model with it)
   lora_section: str        # its LoRA settings' config path, for messages
@@ -92,6 +92,7 @@ class Policy(Protocol):
   full_filter: Any     # what full fine-tuning trains of its model (nnx filter)
   micro_batch_key: str  # its micro-batch size's config path, for messages
   programs: tuple[str, str]  # its rewards' and its update's program names in the compile report
+  rewards_key: str     # the config key of its reward entries
   settings: Settings
   request: Request     # the rollout it asks for
   decodes: bool        # it decodes the rollout's images itself (`rollout_leg`): a DiT policy

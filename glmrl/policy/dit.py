@@ -81,6 +81,7 @@ class DitPolicy:
   full_filter = nnx.Param
   micro_batch_key = "config.decoder.micro_batch_size"
   programs = ("decoder_rewards", "decoder_update")
+  rewards_key = "decoder.rewards"
   decodes = True
 
   def __init__(self, config):

@@ -15,6 +15,7 @@ from absl import logging
 from glmrl import distributed
 from glmrl import sharding as sharding_lib
 from glmrl.aot import auto
+from glmrl.aot.run_plan import check_batch, model_configs
 from glmrl.data import PromptIterator, benchmarks, load_prompts
 from glmrl.errors import UserError
 from glmrl.models import glm_image
@@ -26,7 +27,8 @@ from glmrl.policy.state import build_state, num_params
 from glmrl.rewards import RewardComposer
 from glmrl.rewards import registry as reward_registry
 from glmrl.sampling.logprobs import sampling_config
-from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_decode_batch, check_glyph_fits, decode_chunk
+from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_glyph_fits
+
 
 @dataclasses.dataclass
 class Run:
@@ -70,43 +72,6 @@ class Run:
       trainable = None if trainables is None else trainables[name]
       out[f"{state.policy.component}_params"] = state.model_params(trainable)
     return out
-
-
-def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
-  """The rollout's AR rows and images (and decoder chunks) must split evenly over data x fsdp; micro-batches
-  need not.
-
-  The fields' own rules (e.g. group_size >= 2) are `config_checks`', checked before this runs."""
-  data, fsdp, _ = mesh_shape
-  devices = data * fsdp
-  request = registry.rollout_request(config)
-  ga = request.grids_per_prompt
-  prompts = config.data.prompts_per_step
-  rows, images = prompts * ga, prompts * request.images_per_prompt
-  if rows % devices:
-    what = "prompts_per_step x group_size = {} x {}".format(prompts, ga) if ga > 1 else f"prompts_per_step {prompts}"
-    raise UserError(f"the AR sampler's rows {what} = {rows} do not divide over the mesh's data x fsdp = "
-                     f"{data} x {fsdp} = {devices} devices")
-  for policy in registry.trained(config).values():
-    batch = prompts * policy.rows_per_prompt(request)
-    micro = policy.settings.micro_batch_size or batch
-    if batch % micro:
-      raise UserError(f"{policy.micro_batch_key}={micro} does not divide its update's batch {batch}")
-    if micro % devices:
-      # Correct (XLA splits what it can and replicates the rest) but slower: e.g. micro-batches of 16 on a
-      # 32-chip slice. Allowed, since the batch layout is the user's trade between memory and speed.
-      logging.warning("%s=%d does not split evenly over data x fsdp = %d devices: each micro-batch is partly "
-                      "replicated", policy.micro_batch_key, micro, devices)
-  chunk = config.sampling.decode_batch
-  if chunk > 0:  # 0 picks a chunk that fits every batch (`decode_chunk`); -1 decodes each whole
-    # The rollout's images, and evaluation's and generation's group_size samples of every prompt.
-    check_decode_batch(chunk, images, request.images_per_prompt)
-    check_decode_batch(chunk, prompts * config.grpo.group_size, config.grpo.group_size)
-    if chunk % devices:
-      raise UserError(f"config.sampling.decode_batch={chunk} does not split over data x fsdp = {devices}")
-  elif chunk == 0:
-    logging.info("decoder calls of %d samples (sampling.decode_batch=0: one sample per data x fsdp device)",
-                 decode_chunk(0, images, request.images_per_prompt, devices))
 
 
 def pipeline_spec(config) -> PipelineSpec:
@@ -173,33 +138,6 @@ def resolve_auto(config, mesh):
   for choice in choices:
     logging.info("%s", choice.line())
   return config
-
-
-def dit_attention(config, platform: str | None = None) -> str:
-  """config.model.dit_attention, "auto" resolved for `platform` (default: this process's backend)."""
-  choice = auto.dit_attention(config, platform or jax.default_backend())  # the rule's one home
-  return config.model.dit_attention if choice is None else choice.value
-
-
-def model_configs(config, platform: str | None = None) -> glm_image.GlmImageConfigs:
-  """The run's model configs with its runtime fields; `platform`: what the programs run on (--mode=compile: "tpu")."""
-  if config.model.checkpoint_dir:
-    configs = glm_image.checkpoint_configs(config.model.checkpoint_dir)
-  else:
-    configs = glm_image.preset_configs(config.model.preset)
-  configs.check_consistent()
-  attention = dit_attention(config, platform)
-  configs = glm_image.with_dtypes(configs, param_dtype=glm_image.DTYPES[config.model.param_dtype],
-                                  compute_dtype=glm_image.DTYPES[config.model.compute_dtype],
-                                  remat=config.model.remat,
-                                  dit_attention=None if attention == "xla" else attention,
-                                  dit_cfg_batched=config.model.dit_cfg_batched)
-  if config.model.remat and any(p.component == "dit" for p in registry.trained(config).values()):
-    # A DiT policy's update differentiates the DiT: without per-block remat one 1024^2 sample's backward keeps
-    # every block's activations and attention scores of both CFG branches (--mode=compile on v5p-64: 226 GB of
-    # temporaries per chip for one sample per chip).
-    configs = dataclasses.replace(configs, dit=dataclasses.replace(configs.dit, remat=True))
-  return configs
 
 
 def processors(config, configs, texts):
@@ -270,8 +208,10 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
   for name, policy in policies.items():
     entries, group = policy.rewards(request)
     composers[name] = reward_composer(config, mesh, entries, group_size=group)
-  # What evaluation reports (config.rewards over a prompt's samples): the AR policy's composer when it trains.
-  composer = composers["ar"] if "ar" in composers else reward_composer(config, mesh)
+  # What evaluation reports (config.rewards over a prompt's samples): the composer of the policy trained on them,
+  # when one is (its model-backed rewards are built once).
+  composer = next((composers[n] for n, p in policies.items() if p.rewards_key == "rewards"), None) or \
+      reward_composer(config, mesh)
   configs = model_configs(config)
   processor, glyph_tokenizer = processors(config, configs, [r.prompt for r in records + eval_records])
   for path, recs in ((config.data.prompts_file, records), (eval_source(config), eval_records)):

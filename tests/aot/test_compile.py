@@ -174,7 +174,7 @@ def test_nft_programs_lower_with_their_batch_and_the_average_resident():
   assert any(a is state.ema for a in update.state_args)
   assert "stablehlo" in update.lowered.as_text()
   # The step model: CFG-free halves the rollout's DiT FLOPs; the update's scale with the trained slots.
-  flops = lambda c: report_lib.step_flops(c, run.layout, run.configs, ar_params=1, dit_params=10**6)
+  flops = lambda c: report_lib.step_flops(c, run.layout, run.configs, ar_param_count=1, dit_param_count=10**6)
   guided = config.copy_and_resolve_references()
   guided.decoder.train_guidance = 1.5
   assert flops(config)["decoder"] * 2 == flops(guided)["decoder"]

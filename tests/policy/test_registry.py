@@ -34,7 +34,7 @@ def test_one_rollout_serves_both_policies_and_the_dit_policy_decodes_it():
 def test_every_policy_saves_under_names_of_its_own():
   """Two policies never share a checkpoint item or record (the export finds each model by them)."""
   names = [n for saved in registry.SAVED.values()
-           for n in (saved.params, saved.opt_state, saved.ema, saved.adapters_file, saved.model_config_file)]
+           for n in (saved.params, saved.opt_state, saved.ema, saved.adapters_file, saved.model_config_file) if n]
   assert len(names) == len(set(names))
   for name, saved in registry.SAVED.items():
     assert registry.policy(name, demo_decoder.get_config()).saved is saved

@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from glmrl import config_checks, sharding
+from glmrl.aot import run_plan
 from glmrl.models import glm_image
 from glmrl.models.ar.prompt import GenerationLayout
 from glmrl.policy import ar as ar_policy
@@ -57,7 +58,7 @@ SLICES = [("glm_image_t2i", 32, {}), ("glm_image_t2i", 256, {"mesh.fsdp": 128, "
 @pytest.mark.parametrize("shrink", [{}, {"data.prompts_per_step": 4}, {"data.prompts_per_step": 2},
                                     {"grpo.group_size": 8}])
 def test_released_configs_fit_every_listed_slice_unchanged_and_shrunk(name, chips, flags, shrink):
-  """The batch checks of a run (`setup.check_batch`) pass for the released configs on each slice the README lists,
+  """The batch checks of a run (`run_plan.check_batch`) pass for the released configs on each slice the README lists,
   as shipped and shrunk by flags: `sampling.decode_batch` = 0 picks a chunk that fits every batch."""
   c = load(name)
   for key, value in {**flags, **shrink}.items():
@@ -67,9 +68,9 @@ def test_released_configs_fit_every_listed_slice_unchanged_and_shrunk(name, chip
   rows = c.data.prompts_per_step * registry.rollout_request(c).grids_per_prompt
   if rows % (shape[0] * shape[1]):  # the AR sampler's own rule, whatever the decoder's chunk
     with pytest.raises(ValueError, match="do not divide over the mesh's data x fsdp"):
-      setup.check_batch(c, shape)
+      run_plan.check_batch(c, shape)
   else:
-    setup.check_batch(c, shape)
+    run_plan.check_batch(c, shape)
 
 
 def test_decoupled_config_names_each_required_reward_input(tmp_path):
