@@ -73,6 +73,18 @@ def base_config() -> ml_collections.ConfigDict:
   # Truncated importance sampling of the sampler/learner mismatch (verl, TRL): each token's surrogate is
   # weighted by min(exp(learner old logp - sampler logp), tis_cap); the KL term is not.
   c.grpo.tis_cap = 0.0  # 0 = off; else >= 1 (2 is usual).
+  # How tis_cap bounds the weight: "token_truncate" (above); "sequence_mask" (TRL's default): each sequence's
+  # exp(sum over its tokens of the log-ratio), the sequence left out of the surrogate (weight 0) above tis_cap.
+  c.grpo.tis_mode = "token_truncate"  # "token_truncate" or "sequence_mask".
+  # verl's dual clip (clip_ratio_c, its default 3; TRL's delta): a negative advantage's token adds at most -c A to
+  # the loss however large its ratio, and no gradient past it. 0 = off; else > 1.
+  c.grpo.dual_clip = 0.0  # 0 = off; else c > 1.
+  # The importance ratio per "token", or per "sequence": the exp of the mean of its tokens' log-ratios, shared by
+  # its tokens (GSPO, arXiv:2507.18071; TRL's importance_sampling_level; its paper clips at 3e-4 / 4e-4).
+  c.grpo.ratio_level = "token"  # "token" or "sequence".
+  # The KL estimate times the importance ratio (TRL's use_bias_correction_kl, its default): unbiased for KL(pi ||
+  # pi_ref) once the policy has moved from the one that sampled (num_iterations > 1). Needs grpo.beta > 0.
+  c.grpo.kl_bias_correction = False
   c.grpo.loss_tokens = "all"  # Tokens in the loss: "all" generated tokens, or only the "target" grid's.
 
   c.optim = ml_collections.ConfigDict()
@@ -120,6 +132,10 @@ def base_config() -> ml_collections.ConfigDict:
   # step's noise keeps the marginal's data:noise mix exactly; noise_level 0.8 in Flow-GRPO's recipe).
   c.decoder.sde_type = "sde"  # "sde" or "cps".
   c.decoder.noise_level = 0.7  # The SDE's a: std_t = a sqrt(sigma / (1 - sigma)) (Flow-GRPO's default 0.7).
+  # A step's log-prob: "density", the Gaussian's per-element log-density (the PPO ratio is the step's likelihood
+  # ratio, every step on one scale); "flow_grpo", Flow-GRPO's CPS log-prob -mean((x' - mu)^2) (sde_type "cps"
+  # only): the density's log-ratio times 2 step_std^2, as the reference trains (`glmrl.grpo.flow.step_logprob`).
+  c.decoder.logprob = "density"  # "density" or "flow_grpo" (with sde_type "cps").
   c.decoder.train_steps = 10  # Denoising steps of training rollouts; evaluation and generate keep sampling.dit_steps.
   c.decoder.window_size = 2  # Consecutive SDE (trained) steps per rollout; the ODE elsewhere.
   # First SDE step; -1 draws it per rollout uniformly so that the window lies within window_range. A fixed start may

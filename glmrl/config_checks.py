@@ -157,6 +157,10 @@ RULES: dict[str, Rule] = {
     "grpo.loss_tokens": choice("all", "target"),
     "grpo.std_eps": UNIT_OPEN,
     "grpo.tis_cap": number(lambda v: v == 0 or v >= 1, "must be 0 (off) or >= 1"),
+    "grpo.tis_mode": choice(*grpo_loss.TIS_MODES),
+    "grpo.dual_clip": number(lambda v: v == 0 or v > 1, "must be 0 (off) or > 1"),
+    "grpo.ratio_level": choice(*grpo_loss.RATIO_LEVELS),
+    "grpo.kl_bias_correction": BOOL,
     "optim.learning_rate": POSITIVE,
     "optim.warmup_steps": integer(0),
     "optim.weight_decay": NON_NEGATIVE,
@@ -178,6 +182,7 @@ RULES: dict[str, Rule] = {
     "decoder.algorithm": choice(*policy_registry.DIT_ALGORITHMS),
     "decoder.train_guidance": NON_NEGATIVE,
     "decoder.sde_type": choice(*grpo_flow.SDE_TYPES),
+    "decoder.logprob": choice(*grpo_flow.LOGPROBS),
     "decoder.train_timesteps": integer(0, why="must be >= 0 (0: every step of decoder.train_steps)"),
     "decoder.nft_beta": number(lambda v: 0 < v <= 1, "must be in (0, 1] (DiffusionNFT's b)"),
     "decoder.awm_weighting": choice(*grpo_matching.AWM_WEIGHTINGS),
@@ -302,6 +307,12 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
   for key in ("decoder.window_slide_every", "decoder.ratio_norm"):
     _check(not values[key] or values["decoder.algorithm"] == "flow_grpo", f"config.{key}", values[key],
            f"is flow_grpo's (SDE windows); config.decoder.algorithm={values['decoder.algorithm']!r} has none")
+  if values["decoder.logprob"] == "flow_grpo":
+    _check(values["decoder.sde_type"] == "cps" and values["decoder.algorithm"] == "flow_grpo",
+           "config.decoder.logprob", "flow_grpo", "is Flow-GRPO's log-prob of a CPS step: it needs "
+           "decoder.algorithm='flow_grpo' and decoder.sde_type='cps'")
+    _check(not values["decoder.ratio_norm"], "config.decoder.logprob", "flow_grpo",
+           "GRPO-Guard's normalised ratio (decoder.ratio_norm) is derived for the density; use logprob='density'")
   if values["decoder.sde_type"] == "cps" and values["decoder.algorithm"] == "flow_grpo":
     _check(size <= steps - 1, "config.decoder.window_size", size,
            f"must be <= config.decoder.train_steps - 1 = {steps - 1} with decoder.sde_type='cps' (its final step "
@@ -359,6 +370,8 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
       rule.check(f"config.{key}", values[key])
   _check_rewards(cfg.get("rewards"), need_kwargs=mode != "compile")
 
+  _check(not values["grpo.kl_bias_correction"] or values["grpo.beta"] > 0, "config.grpo.kl_bias_correction", True,
+         "corrects the KL term, which config.grpo.beta=0 leaves out: set grpo.beta > 0, or leave it False")
   if "decoder" in values["train.policies"]:
     _check_decoder(cfg, values, need_kwargs=mode != "compile")
 

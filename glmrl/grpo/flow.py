@@ -146,9 +146,9 @@ def cps_step_mean(x, v, sigma, sigma_next, noise_level):
   flow's marginal has at sigma' (the predicted noise and the fresh one add in quadrature), where the SDE of
   `sde_step_mean` only approximates it. Its noise vanishes at sigma' = 0: a window must not hold the final step.
 
-  Departure: the reference's log-prob drops the Gaussian's normalisation (-mean((x' - mu)^2), the log-density
-  times 2 step_std^2 up to a constant); `sde_logprob` keeps the density, so the PPO ratio is the likelihood
-  ratio of the step, on the same per-element scale as the SDE's.
+  Its log-prob: by default `sde_logprob`, the density, so the PPO ratio is the likelihood ratio of the step on
+  the same per-element scale as the SDE's; `cps_reference_logprob` is the reference's (-mean((x' - mu)^2), the
+  log-density times 2 step_std^2 up to a constant), `logprob="flow_grpo"`.
   """
   x, v = jnp.asarray(x), jnp.asarray(v)
   same_shape("v", v, "x", x)
@@ -214,7 +214,42 @@ def sde_logprob(x_next, mu, step_std):
   return jnp.where(std_B > 0, logp_B, jnp.nan)
 
 
-def sde_step(x, v, sigma, sigma_next, noise_level, eps, sigma_guard=None, sde_type: str = "sde"):
+# What a step's log-prob is: "density", the Gaussian's log-density per latent element (`sde_logprob`); or
+# "flow_grpo", Flow-GRPO's and FlowCPS's log-prob of a CPS step (`cps_reference_logprob`).
+LOGPROBS = ("density", "flow_grpo")
+
+
+def cps_reference_logprob(x_next, mu, step_std):
+  """[B] -mean((x_next - mu)^2) over the latent dims: the log-prob Flow-GRPO gives a CPS step
+  (yifan123/flow_grpo, flow_grpo/diffusers_patch/sd3_sde_with_logprob.py lines 85-89 at 54809b5: "remove all
+  constants", then the mean over all but the batch dim), which IamCreateAI/FlowCPS keeps.
+
+  It is `sde_logprob` times 2 step_std^2 up to a constant, so each log-ratio is the density's times 2 step_std^2:
+  x1.46 at sigma' 0.9 with noise_level 0.8 (step_std = sigma' sin(0.4 pi)), x0.072 at sigma' 0.2: the clip
+  reaches the low-noise steps later, and each step's gradient is weighted by its step_std^2. NaN where
+  step_std <= 0, as `sde_logprob` (no noise: no likelihood to take a ratio of).
+  """
+  x_next, mu = jnp.asarray(x_next), jnp.asarray(mu)
+  same_shape("x_next", x_next, "mu", mu)
+  axes = latent_axes(mu)
+  std_B = jnp.broadcast_to(jnp.asarray(step_std, jnp.float32), (mu.shape[0],))
+  sq = jnp.square(x_next.astype(jnp.float32) - mu.astype(jnp.float32))
+  logp_B = -(jnp.mean(sq, axis=axes) if axes else sq)
+  return jnp.where(std_B > 0, logp_B, jnp.nan)
+
+
+def step_logprob(kind: str, x_next, mu, step_std):
+  """[B] the log-prob of `kind` (`LOGPROBS`) of the step to x_next: the one function the sampler and the learner
+  both call."""
+  if kind == "flow_grpo":
+    return cps_reference_logprob(x_next, mu, step_std)
+  if kind != "density":
+    raise ValueError(f"logprob={kind!r} is not one of {list(LOGPROBS)}")
+  return sde_logprob(x_next, mu, step_std)
+
+
+def sde_step(x, v, sigma, sigma_next, noise_level, eps, sigma_guard=None, sde_type: str = "sde",
+             logprob: str = "density"):
   """(x_next, logp): one SDE sampling step and the [B] log-prob of the step actually taken.
 
   x_next = mu + step_std * eps (`sde_step_mean`), rounded to v's dtype as `euler_step` rounds its
@@ -233,6 +268,7 @@ def sde_step(x, v, sigma, sigma_next, noise_level, eps, sigma_guard=None, sde_ty
     sigma, sigma_next, noise_level, sigma_guard: as in `sde_std`.
     eps: standard normal noise of x's shape (any float dtype; cast to float32).
     sde_type: "sde" (above) or "cps" (`cps_step_mean`'s mean and std; sigma_guard unused).
+    logprob: which log-prob (`step_logprob`; "density" above).
 
   Returns:
     x_next [B, ...] in v's dtype, logp [B] float32.
@@ -248,7 +284,7 @@ def sde_step(x, v, sigma, sigma_next, noise_level, eps, sigma_guard=None, sde_ty
   # precision"): on an H200 the ratio of a bfloat16 step was then 0.9993-1.0005. The barrier makes the log-prob
   # read x_next as stored.
   x_next = jax.lax.optimization_barrier(x_next)
-  return x_next, sde_logprob(x_next, mu, step_std)
+  return x_next, step_logprob(logprob, x_next, mu, step_std)
 
 
 def mean_kl(mu, mu_ref, step_std):

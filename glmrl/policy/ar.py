@@ -61,6 +61,10 @@ class UpdateSpec:
   logprob_chunk: int = 256
   remat: bool = False
   tis_cap: float = 0.0
+  tis_mode: str = "token_truncate"
+  dual_clip: float = 0.0
+  ratio_level: str = "token"
+  kl_bias_correction: bool = False
   # The KL term's reference policy: "params" (the `ref_params` passed in, a copy of the initial
   # policy) or "adapters_off" (LoRA: these params with every adapter's B zeroed, i.e. the base).
   reference: str = "params"
@@ -85,12 +89,14 @@ def _micro_loss(params, graphdef, frozen, mb: Rollout, first, spec: UpdateSpec):
   _, aux = grpo.policy_loss(
       logp, old_logp, mb.advantages, mb.mask, epsilon_low=spec.epsilon_low, epsilon_high=spec.epsilon_high,
       ref_logp=mb.ref_logp, beta=spec.beta, kl=spec.kl, aggregation=spec.aggregation, max_tokens=max_tokens,
-      sampler_logp=mb.sampler_logp, tis_cap=spec.tis_cap)
+      sampler_logp=mb.sampler_logp, tis_cap=spec.tis_cap, tis_mode=spec.tis_mode, dual_clip=spec.dual_clip,
+      ratio_level=spec.ratio_level, kl_bias_correction=spec.kl_bias_correction)
   return aux["numerator"], (aux, old_logp)
 
 
 # Token-weighted means of the micro-batches (summed as mean x tokens, divided by all tokens at the end).
 _MEAN_STATS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean", "tis_weight_mean", "tis_capped_frac")
+
 
 
 def accumulate_gradients(graphdef, params, frozen, rollout: Rollout, ref_params, first, *, spec: UpdateSpec):
@@ -107,6 +113,7 @@ def accumulate_gradients(graphdef, params, frozen, rollout: Rollout, ref_params,
   if spec.reference == "adapters_off" and rollout.ref_logp is not None:
     ref_params = lora_lib.adapters_off(params)
   use_ref = ref_params is not None and rollout.ref_logp is not None
+  mean_stats = _MEAN_STATS + (("clip_frac_dual",) if spec.dual_clip else ())
 
   def body(carry, mb):
     ref_logp = None
@@ -117,9 +124,9 @@ def accumulate_gradients(graphdef, params, frozen, rollout: Rollout, ref_params,
       mb = mb.replace(ref_logp=ref_logp)
     grads, (aux, old_logp) = grad_fn(params, graphdef, frozen, mb, first, spec)
     tokens = jnp.sum(mb.mask > 0).astype(jnp.float32)
-    return accumulate.add(carry, grads, aux, tokens, _MEAN_STATS), (old_logp, ref_logp)
+    return accumulate.add(carry, grads, aux, tokens, mean_stats), (old_logp, ref_logp)
 
-  (grads_sum, stats), (old_MxBxN, ref_MxBxN) = jax.lax.scan(body, accumulate.init(params, _MEAN_STATS), micro)
+  (grads_sum, stats), (old_MxBxN, ref_MxBxN) = jax.lax.scan(body, accumulate.init(params, mean_stats), micro)
   return grads_sum, stats, accumulate.merge_micro(old_MxBxN), accumulate.merge_micro(ref_MxBxN)
 
 
@@ -209,7 +216,8 @@ class ArPolicy:
         micro_batches=settings.micro_batches(batch), epsilon_low=float(config.grpo.epsilon_low),
         epsilon_high=float(config.grpo.epsilon_high), beta=settings.beta, kl=config.grpo.kl,
         aggregation=config.grpo.aggregation, remat=config.model.remat, tis_cap=float(config.grpo.tis_cap),
-        reference=settings.reference)
+        reference=settings.reference, tis_mode=config.grpo.tis_mode, dual_clip=float(config.grpo.dual_clip),
+        ratio_level=config.grpo.ratio_level, kl_bias_correction=bool(config.grpo.kl_bias_correction))
 
   def rows_per_prompt(self, request: Request) -> int:
     """Rows of its update per prompt: one per token grid."""

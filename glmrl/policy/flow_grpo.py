@@ -82,6 +82,7 @@ class FlowSpec:
   reference: str = "params"
   sde_type: str = "sde"  # the stochastic step: "sde" or "cps" (`glmrl.grpo.flow.step_mean`)
   ratio_norm: bool = False  # GRPO-Guard's normalised ratio (`glmrl.grpo.flow.guard_log_ratio`)
+  logprob: str = "density"  # the steps' log-prob (`glmrl.grpo.flow.step_logprob`), the sampler's own
 
 
 def step_mean(graphdef, params, frozen, mb: FlowRollout, window: Window, w, spec: FlowSpec):
@@ -97,7 +98,7 @@ def step_logprob(graphdef, params, frozen, mb: FlowRollout, window: Window, w, s
   """[b] log-probs of the recorded step x_t -> x_{t+1} at trained step w under `params` (the one function
   the old and new log-probs both come from)."""
   mu, std = step_mean(graphdef, params, frozen, mb, window, w, spec)
-  return flow.sde_logprob(mb.latents_after[:, w], mu, std), mu, std
+  return flow.step_logprob(spec.logprob, mb.latents_after[:, w], mu, std), mu, std
 
 
 def _timestep_loss(params, graphdef, frozen, mb, window, w, mu_ref, first, spec):
@@ -184,11 +185,12 @@ class FlowGrpoPolicy(dit.DitPolicy):
     return FlowSpec(
         noise_level=float(d.noise_level), guidance_scale=self.guidance, clip_range=float(d.clip_range),
         adv_clip_max=float(d.adv_clip_max), beta=settings.beta, micro_batches=settings.micro_batches(images),
-        reference=settings.reference, sde_type=d.sde_type, ratio_norm=bool(d.ratio_norm))
+        reference=settings.reference, sde_type=d.sde_type, ratio_norm=bool(d.ratio_norm), logprob=d.logprob)
 
   def sde(self) -> decode.SdeWindow:
     d = self.config.decoder
-    return decode.SdeWindow(noise_level=float(d.noise_level), size=d.window_size, sde_type=d.sde_type)
+    return decode.SdeWindow(noise_level=float(d.noise_level), size=d.window_size, sde_type=d.sde_type,
+                            logprob=d.logprob)
 
   def rollout_leg(self, run, prepared, sample, key, dit_params, step: int) -> tuple:
     """(images, FlowBatch of the recorded window steps (learner log-probs, advantages and mask still empty),

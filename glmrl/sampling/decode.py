@@ -55,6 +55,7 @@ class SdeWindow:
   noise_level: float
   size: int
   sde_type: str = "sde"  # "sde" (Flow-GRPO's) or "cps" (`glmrl.grpo.flow.cps_step_mean`)
+  logprob: str = "density"  # the steps' log-prob (`glmrl.grpo.flow.step_logprob`)
 
 @struct.dataclass
 class Trajectory:
@@ -181,7 +182,7 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_s, sigmas_
     v = guided(i, x)
     eps = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, i), x.shape[1:], jnp.float32))(noise_keys_B)
     x_next, logp_B = flow.sde_step(x, v, sigmas_e[i], sigmas_e[i + 1], sde.noise_level, eps,
-                                   sde_type=sde.sde_type)
+                                   sde_type=sde.sde_type, logprob=sde.logprob)
     w = i - start
     record = Trajectory(record.latents_before.at[w].set(x), record.latents_after.at[w].set(x_next),
                         record.sampler_logp.at[w].set(logp_B))

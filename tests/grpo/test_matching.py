@@ -171,3 +171,45 @@ def test_cps_on_policy_ratio_is_exactly_one():
   x_next, logp = flow.sde_step(f(x0), f(v), 0.6, 0.45, 0.8, f(eps), sde_type="cps")
   recomputed = flow.sde_logprob(x_next, *flow.cps_step_mean(f(x0), f(v), 0.6, 0.45, 0.8))
   np.testing.assert_array_equal(np.asarray(jnp.exp(recomputed - logp)), np.ones(B, np.float32))
+
+
+def ref_cps_logprob(x_next, mu):
+  """Flow-GRPO's CPS log-prob, float64 (yifan123/flow_grpo, flow_grpo/diffusers_patch/sd3_sde_with_logprob.py
+  lines 85-89 at 54809b5: -((prev_sample - prev_sample_mean) ** 2), then the mean over all but the batch dim)."""
+  return -np.mean((x_next - mu) ** 2, axis=tuple(range(1, x_next.ndim)))
+
+
+@pytest.mark.parametrize("sigma,sigma_next", [(1.0, 0.9), (0.6, 0.45), (0.2, 0.05)])
+def test_cps_reference_logprob_value_and_gradient_match_float64(sigma, sigma_next):
+  """The value, and its gradient in the velocity through the step mean (central differences in float64)."""
+  x, eps, v, _, _, _ = draw(11)
+  f = lambda a: jnp.asarray(a, jnp.float32)
+  mu64, std = ref_cps(x, v, sigma, sigma_next, 0.8)
+  x_next = mu64 + std * eps
+  got = flow.step_logprob("flow_grpo", f(x_next), *flow.cps_step_mean(f(x), f(v), sigma, sigma_next, 0.8))
+  np.testing.assert_allclose(np.asarray(got), ref_cps_logprob(x_next, mu64), rtol=1e-5, atol=1e-6)
+  # Against the density: the same log-ratio times 2 step_std^2 (the reference drops 1 / (2 std^2) and constants).
+  moved = ref_cps(x, v * 1.01, sigma, sigma_next, 0.8)[0]
+  density = lambda m: flow.sde_logprob(f(x_next), f(m), std)
+  reference = lambda m: flow.step_logprob("flow_grpo", f(x_next), f(m), std)
+  np.testing.assert_allclose(np.asarray(reference(moved) - reference(mu64)),
+                             2 * std ** 2 * np.asarray(density(moved) - density(mu64)), rtol=2e-3)
+  grad = jax.grad(lambda vv: jnp.sum(flow.step_logprob(
+      "flow_grpo", f(x_next), *flow.cps_step_mean(f(x), vv, sigma, sigma_next, 0.8))))(f(v))
+  h, k = 1e-6, (1, 0, 2, 3)
+  bump = np.zeros_like(v)
+  bump[k] = h
+  fd = (ref_cps_logprob(x_next, ref_cps(x, v + bump, sigma, sigma_next, 0.8)[0]).sum()
+        - ref_cps_logprob(x_next, ref_cps(x, v - bump, sigma, sigma_next, 0.8)[0]).sum()) / (2 * h)
+  np.testing.assert_allclose(float(grad[k]), fd, rtol=1e-4, atol=1e-7)
+
+
+def test_cps_reference_logprob_on_policy_ratio_is_exactly_one_and_no_noise_is_nan():
+  x0, eps, v, _, _, _ = draw(12)
+  f = lambda a: jnp.asarray(a, jnp.float32)
+  x_next, logp = flow.sde_step(f(x0), f(v), 0.6, 0.45, 0.8, f(eps), sde_type="cps", logprob="flow_grpo")
+  recomputed = flow.step_logprob("flow_grpo", x_next, *flow.cps_step_mean(f(x0), f(v), 0.6, 0.45, 0.8))
+  np.testing.assert_array_equal(np.asarray(jnp.exp(recomputed - logp)), np.ones(B, np.float32))
+  assert np.all(np.isnan(np.asarray(flow.step_logprob("flow_grpo", x_next, x_next, 0.0))))
+  with pytest.raises(ValueError, match="logprob='exact' is not one of"):
+    flow.step_logprob("exact", x_next, x_next, 0.5)

@@ -86,3 +86,17 @@ def test_flow_grpo_with_grpo_guard_and_a_sliding_window(tmp_path):
     assert r["decoder/skipped"] == 0.0 and np.isfinite(r["decoder/loss"])
     # After one update the adapters moved: the later ratio departs from 1 and stays finite.
     assert np.isfinite(r["decoder/iter1/ratio/max"]) and r["decoder/iter1/ratio/max"] != 1.0
+
+
+def test_cps_with_the_reference_logprob_trains_through_main(tmp_path):
+  """`:cps` with Flow-GRPO's own CPS log-prob (`--config.decoder.logprob=flow_grpo`): the sampler and the learner
+  take the same log-prob (float32: equal up to rounding), the first update's ratio is exactly 1, the second's
+  moves."""
+  workdir = tmp_path / "cps"
+  main("--config=configs/demo_decoder.py:cps", "--config.train.num_steps=2", "--config.decoder.logprob=flow_grpo",
+       "--config.decoder.num_iterations=2", f"--workdir={workdir}")
+  for r in rows(workdir).values():
+    assert r["decoder/first_iter/ratio/min"] == r["decoder/first_iter/ratio/max"] == 1.0
+    assert r["decoder/logprob/sampler_vs_recomputed_max_abs"] < 1e-5
+    assert r["decoder/skipped"] == 0.0 and np.isfinite(r["decoder/iter1/ratio/max"])
+    assert r["decoder/iter1/ratio/max"] != 1.0
