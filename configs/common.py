@@ -119,7 +119,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.decoder.train_guidance = 0.0  # Training CFG scale (see above).
   c.decoder.train_timesteps = 0  # nft/awm: schedule steps trained per image per update (distinct, random); 0 = all.
   c.decoder.nft_beta = 1.0  # nft: b in (0, 1], the step from the old policy to the implicit positive/negative ones.
-  c.decoder.awm_weighting = "uniform"  # awm: log-likelihood weight w(sigma): "uniform", "t" (sigma) or "t2".
+  # awm: the log-likelihood's weight of its flow-matching error: "uniform", "t" (sigma), "t2" (sigma^2), or AWM's
+  # released "ghuber": -sigma ((mse + 1e-10)^p - 1e-10^p) / p, p = awm_ghuber_power (`glmrl.grpo.matching`).
+  c.decoder.awm_weighting = "uniform"  # "uniform", "t", "t2" or "ghuber".
+  c.decoder.awm_ghuber_power = 0.25  # ghuber's p in (0, 1] (AWM's 0.25; 1 is "t").
+  # awm: advantages clipped to adv_clip_max then scaled by advantage_max / adv_clip_max (AWM's released 1: into
+  # [-1, 1], its surrogate 1/5 of the unscaled one); 0 = off.
+  c.decoder.advantage_max = 0.0  # 0 = off; else > 0 (AWM's 1).
   c.decoder.ema_beta = 0.0  # Weight of the velocity KL to the moving average (AWM's anchor); needs ema.every >= 1.
   # Moving average of the decoder's trained parameters (glmrl/policy/ema.py): nft's old policy (it samples the
   # rollouts), AWM's anchor; saved in checkpoints. decay_n = min(decay, ramp * n) after step n (ramp 0: decay).
@@ -127,6 +133,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.decoder.ema.decay = 0.0  # Decay in [0, 1): 0 copies the parameters.
   c.decoder.ema.every = 0  # Update it after every this many rollout steps; 0 keeps none (nft needs >= 1).
   c.decoder.ema.ramp = 0.0  # Per-step growth of the decay up to `decay` (DiffusionNFT's 0.001); 0: constant.
+  # Rollout steps the average is a copy of the parameters (decay 0) before the ramp starts from 0: DiffusionNFT's
+  # decay_type 2 (its OCR recipe) is flat 75, ramp 0.0075, decay 0.999; type 1 is flat 0, ramp 0.001, decay 0.5.
+  c.decoder.ema.flat = 0
   c.decoder.group_size = 4  # Decoder samples per token grid (its advantages compare them), >= 2.
   # flow_grpo's stochastic step: "sde" (Euler-Maruyama of the flow's SDE) or "cps" (coefficient-preserving: the
   # step's noise keeps the marginal's data:noise mix exactly; noise_level 0.8 in Flow-GRPO's recipe).

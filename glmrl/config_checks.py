@@ -186,10 +186,13 @@ RULES: dict[str, Rule] = {
     "decoder.train_timesteps": integer(0, why="must be >= 0 (0: every step of decoder.train_steps)"),
     "decoder.nft_beta": number(lambda v: 0 < v <= 1, "must be in (0, 1] (DiffusionNFT's b)"),
     "decoder.awm_weighting": choice(*grpo_matching.AWM_WEIGHTINGS),
+    "decoder.awm_ghuber_power": number(lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "decoder.advantage_max": NON_NEGATIVE,
     "decoder.ema_beta": NON_NEGATIVE,
     "decoder.ema.decay": UNIT_OPEN,
     "decoder.ema.every": integer(0, why="must be >= 0 (0 keeps no moving average)"),
     "decoder.ema.ramp": NON_NEGATIVE,
+    "decoder.ema.flat": integer(0),
     "decoder.group_size": integer(2, why="must be at least 2 (advantages are relative to the group)"),
     "decoder.noise_level": POSITIVE,
     "decoder.train_steps": integer(1),
@@ -329,6 +332,12 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
          ">= 1")
   _check(values["decoder.ema_beta"] == 0 or every >= 1, "config.decoder.ema.every", every,
          f"config.decoder.ema_beta={values['decoder.ema_beta']} anchors to the moving average: set it >= 1")
+  _check(values["decoder.ema_beta"] == 0 or algorithm != "flow_grpo", "config.decoder.ema_beta",
+         values["decoder.ema_beta"], "anchors nft's and awm's velocity to the moving average; flow_grpo has no such "
+         "term (its anchor is decoder.beta)")
+  for key, off in (("decoder.awm_weighting", "uniform"), ("decoder.advantage_max", 0.0)):
+    _check(values[key] == off or algorithm == "awm", f"config.{key}", values[key],
+           f"is awm's; config.decoder.algorithm={algorithm!r} does not read it")
   _check(values["data.mode"] == "t2i", "config.data.mode", values["data.mode"],
          f"the decoder policy (config.train.policies={values['train.policies']!r}) trains text-to-image only: its "
          "update does not read the condition images' DiT cache yet")

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 
 from glmrl.grpo._checks import latent_axes, per_sample, same_shape
 
-AWM_WEIGHTINGS = ("uniform", "t", "t2")
+AWM_WEIGHTINGS = ("uniform", "t", "t2", "ghuber")
+_GHUBER_FLOOR = 1e-10  # keeps (mse + floor)^p finite in its gradient at mse = 0, as AWM's code
 
 
 def noised(x0, eps, sigma_B):
@@ -78,14 +79,27 @@ def nft_loss(v, v_old, x0, x_t, sigma_B, r_B, *, beta, scale):
                   + (1.0 - r) * _weighted_x0_error(negative, x_t, x0, sigma_b)) / beta
 
 
-def awm_logprob(v, target, sigma_B, weighting: str = "uniform"):
-  """[B] AWM's log-likelihood surrogate -w(sigma) mean((v - v*)^2): w = 1 ("uniform"), sigma ("t") or
-  sigma^2 ("t2")."""
+def awm_logprob(v, target, sigma_B, weighting: str = "uniform", ghuber_power: float = 0.25):
+  """[B] AWM's log-likelihood surrogate of the flow-matching error mse = mean((v - v*)^2): -w(sigma) mse with
+  w = 1 ("uniform"), sigma ("t") or sigma^2 ("t2"); or "ghuber", AWM's released weighting (scxue/
+  advantage_weighted_matching, scripts/train_sd3_awm.py lines 248-249 at be51372):
+  -sigma ((mse + 1e-10)^p - 1e-10^p) / p with p = `ghuber_power` (0.25): a generalised Huber loss, the plain
+  one's gradient scaled by sigma (mse + 1e-10)^(p - 1), so samples the model already fits weigh more."""
   same_shape("target", target, "v", v)
   mse = jnp.mean(jnp.square(v.astype(jnp.float32) - target.astype(jnp.float32)), axis=latent_axes(v))
   sigma = jnp.asarray(sigma_B, jnp.float32)
+  if weighting == "ghuber":
+    p = jnp.asarray(ghuber_power, jnp.float32)
+    return -sigma * (jnp.power(mse + _GHUBER_FLOOR, p) - jnp.power(jnp.float32(_GHUBER_FLOOR), p)) / p
   w = {"uniform": jnp.ones_like(sigma), "t": sigma, "t2": jnp.square(sigma)}[weighting]
   return -w * mse
+
+
+def rescaled_advantages(advantages_B, adv_clip_max, advantage_max):
+  """[B] AWM's advantages as its loss takes them: clipped to [-m, m], m = adv_clip_max, then scaled by
+  advantage_max / m (its released advantage_max 1: into [-1, 1]; scripts/train_sd3_awm.py lines 1292-1299)."""
+  m = jnp.float32(adv_clip_max)
+  return jnp.clip(jnp.asarray(advantages_B, jnp.float32), -m, m) / m * jnp.float32(advantage_max)
 
 
 def velocity_kl(v, v_ref):

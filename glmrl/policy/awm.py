@@ -23,17 +23,21 @@ class AwmObjective:
   clip_range: float
   adv_clip_max: float
   weighting: str         # the log-likelihood's weighting (`matching.AWM_WEIGHTINGS`)
+  ghuber_power: float = 0.25
+  advantage_max: float = 0.0  # > 0: advantages rescaled to [-advantage_max, advantage_max] (`rescaled_advantages`)
   contrasts_average = False
   has_ratio = True
   stats = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
 
   def slot_loss(self, v, x_t, target, sigma, mb, k, fixed, first, kl, mask, beta):
     del x_t, fixed
-    logp = matching.awm_logprob(v, target, sigma, self.weighting)
+    logp = matching.awm_logprob(v, target, sigma, self.weighting, self.ghuber_power)
     old = jnp.where(first, jax.lax.stop_gradient(logp), mb.old_logp[:, k])
+    advantages, clip = mb.advantages, self.adv_clip_max
+    if self.advantage_max > 0:
+      advantages, clip = matching.rescaled_advantages(advantages, clip, self.advantage_max), self.advantage_max
     numerator, denominator, aux = flow.flow_policy_loss(
-        logp, old, mb.advantages, mask, clip_range=self.clip_range, adv_clip_max=self.adv_clip_max, kl_B=kl,
-        beta=beta)
+        logp, old, advantages, mask, clip_range=self.clip_range, adv_clip_max=clip, kl_B=kl, beta=beta)
     aux = dict(aux, denominator=denominator)
     if kl is None:
       aux["kl_mean"] = jnp.zeros(())
@@ -47,4 +51,5 @@ class AwmPolicy(dit_matching.MatchingPolicy):
     super().__init__(config)
     d = config.decoder
     self.objective = AwmObjective(clip_range=float(d.clip_range), adv_clip_max=float(d.adv_clip_max),
-                                  weighting=d.awm_weighting)
+                                  weighting=d.awm_weighting, ghuber_power=float(d.awm_ghuber_power),
+                                  advantage_max=float(d.advantage_max))

@@ -2,8 +2,10 @@
 rollouts and is the v_old of the loss), AWM's anchor, and a smoother model to evaluate or export.
 
 After every `every`-th rollout step (counting from 1), ema <- decay_n ema + (1 - decay_n) params, with
-decay_n = min(decay, ramp * n) at step n when `ramp` > 0 (DiffusionNFT's `return_decay` schedule: the old
-policy follows the trained one closely at first and ever more slowly, up to `decay`), else `decay`. The
+decay_n = 0 for n < `flat`, then min(decay, ramp * (n - flat)) when `ramp` > 0, else `decay` (DiffusionNFT's
+`return_decay` schedules, NVlabs/DiffusionNFT scripts/train_nft_sd3.py lines 169-189: its decay_type 1 is flat 0,
+ramp 0.001, decay 0.5; type 2 flat 75, ramp 0.0075, decay 0.999: the old policy follows the trained one exactly,
+then ever more slowly). The
 average is kept in float32 whatever the parameters' dtype (a bfloat16 average would round the small
 (1 - decay) steps away) and placed like the parameters.
 """
@@ -23,6 +25,7 @@ class EmaSettings:
   decay: float = 0.0
   every: int = 0
   ramp: float = 0.0
+  flat: int = 0
 
   @property
   def enabled(self) -> bool:
@@ -30,7 +33,9 @@ class EmaSettings:
 
   def decay_at(self, step: int) -> float:
     """The decay of the update after rollout step `step` (1-based)."""
-    return min(self.decay, self.ramp * step) if self.ramp > 0 else self.decay
+    if step < self.flat:
+      return 0.0
+    return min(self.decay, self.ramp * (step - self.flat)) if self.ramp > 0 else self.decay
 
   def due(self, step: int) -> bool:
     return self.enabled and step % self.every == 0

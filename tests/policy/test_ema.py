@@ -36,3 +36,20 @@ def test_constant_decay_zero_copies_and_off_keeps_none():
   as_params = ema.as_params(avg, {"w": p["w"].astype(jnp.bfloat16)})
   assert as_params["w"].dtype == jnp.bfloat16
 
+
+
+def diffusion_nft_decay(decay_type: int, step: int) -> float:
+  """DiffusionNFT's `return_decay`, re-written (NVlabs/DiffusionNFT scripts/train_nft_sd3.py lines 169-189 at
+  24af555): (flat, uprate, uphold) by decay type; 0 before `flat`, then min((step - flat) * uprate, uphold)."""
+  flat, uprate, uphold = {0: (0, 0.0, 0.0), 1: (0, 0.001, 0.5), 2: (75, 0.0075, 0.999)}[decay_type]
+  return 0.0 if step < flat else min((step - flat) * uprate, uphold)
+
+
+def test_diffusion_nft_decay_types_as_settings():
+  """Its types 1 and 2 (the OCR recipe's) as ema.ramp / ema.decay / ema.flat, every step of 300."""
+  for decay_type, settings in ((1, ema.EmaSettings(decay=0.5, every=1, ramp=0.001)),
+                               (2, ema.EmaSettings(decay=0.999, every=1, ramp=0.0075, flat=75))):
+    got = [settings.decay_at(s) for s in range(300)]
+    np.testing.assert_allclose(got, [diffusion_nft_decay(decay_type, s) for s in range(300)], rtol=1e-12, atol=0)
+  flat = ema.EmaSettings(decay=0.999, every=1, ramp=0.0075, flat=75)
+  assert flat.decay_at(74) == 0.0 and flat.decay_at(76) > 0.0 and flat.decay_at(299) == 0.999
