@@ -1,6 +1,6 @@
 """The decoder-RL algorithms side by side on the decoder demo, as users run them:
 `main.py --config=configs/demo_decoder.py:<variant>` for flow_grpo, cps (Flow-GRPO with CPS steps, CFG-free), guard
-(GRPO-Guard's ratio, MixGRPO's sliding window), nft and awm, one after the other on the same machine, each 30 steps of the same tiny model, reward and seed.
+(GRPO-Guard's ratio, MixGRPO's sliding window), nft, awm (as released) and dgpo, one after the other on the same machine, each 30 steps of the same tiny model, reward and seed.
 
     python bench/decoder_algorithms.py [--out=docs/decoder_algorithms.png] [--threads=N] [--variants=nft,awm]
 
@@ -29,7 +29,8 @@ from bench import threads as bench_threads  # noqa: E402
 from glmrl.logging.plot import plot_series  # noqa: E402
 
 VARIANTS = {"flow_grpo": "flow_grpo", "flow_grpo + cps, CFG-free": "cps",
-            "flow_grpo + GRPO-Guard, sliding window": "guard", "nft": "nft", "awm": "awm"}
+            "flow_grpo + GRPO-Guard, sliding window": "guard", "nft": "nft", "awm (as released)": "awm",
+            "dgpo": "dgpo"}
 REWARD = "decoder/reward/mean"
 
 

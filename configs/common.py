@@ -110,14 +110,15 @@ def base_config() -> ml_collections.ConfigDict:
 
   # The decoder policy, used when train.policies includes "decoder": Flow-GRPO (arXiv:2505.05470: PPO on the SDE
   # window's Gaussian steps), DiffusionNFT (arXiv:2509.16117: implicit positive/negative policies on the forward
-  # process, clean images of an ODE rollout, sampled by the moving average) or AWM (arXiv:2509.25050: the
-  # flow-matching loss as log-likelihood in a PPO ratio). README "Decoder RL".
+  # process, clean images of an ODE rollout, sampled by the moving average), AWM (arXiv:2509.25050: the
+  # flow-matching loss as log-likelihood in a PPO ratio) or DGPO (Direct Group Preference Optimization: each
+  # image's flow-matching error weighted by its advantage and its group's DPO weight). README "Decoder RL".
   c.decoder = ml_collections.ConfigDict()
-  c.decoder.algorithm = "flow_grpo"  # "flow_grpo", "nft" or "awm".
+  c.decoder.algorithm = "flow_grpo"  # "flow_grpo", "nft", "awm" or "dgpo".
   # CFG scale of training rollouts and of the loss's velocities; 1.0 = CFG-free (one DiT pass per step, the RL
   # distils the guidance); 0 = sampling.guidance_scale. Evaluation and generate keep sampling.guidance_scale.
   c.decoder.train_guidance = 0.0  # Training CFG scale (see above).
-  c.decoder.train_timesteps = 0  # nft/awm: schedule steps trained per image per update (distinct, random); 0 = all.
+  c.decoder.train_timesteps = 0  # nft/awm/dgpo: schedule steps trained per image per update (distinct, random); 0 = all.
   c.decoder.nft_beta = 1.0  # nft: b in (0, 1], the step from the old policy to the implicit positive/negative ones.
   # awm: the log-likelihood's weight of its flow-matching error: "uniform", "t" (sigma), "t2" (sigma^2), or AWM's
   # released "ghuber": -sigma ((mse + 1e-10)^p - 1e-10^p) / p, p = awm_ghuber_power (`glmrl.grpo.matching`).
@@ -126,6 +127,9 @@ def base_config() -> ml_collections.ConfigDict:
   # awm: advantages clipped to adv_clip_max then scaled by advantage_max / adv_clip_max (AWM's released 1: into
   # [-1, 1], its surrogate 1/5 of the unscaled one); 0 = off.
   c.decoder.advantage_max = 0.0  # 0 = off; else > 0 (AWM's 1).
+  # dgpo: beta of its group DPO weight sigmoid(beta sum_i A_i (error_i - reference error_i) / G) (DGPO's beta_dpo,
+  # 100 in its released OCR and GenEval recipes, 10 for PickScore).
+  c.decoder.dgpo_beta = 100.0
   c.decoder.ema_beta = 0.0  # Weight of the velocity KL to the moving average (AWM's anchor); needs ema.every >= 1.
   # Moving average of the decoder's trained parameters (glmrl/policy/ema.py): nft's old policy (it samples the
   # rollouts), AWM's anchor; saved in checkpoints. decay_n = min(decay, ramp * n) after step n (ramp 0: decay).

@@ -8,13 +8,17 @@ The AR generator is sampled but not trained (one token grid per prompt); the DiT
 - `guard`: Flow-GRPO with GRPO-Guard's normalised ratio and MixGRPO's sliding window (it moves one step later
   halfway through);
 - `nft`: DiffusionNFT, CFG-free ODE rollouts sampled by the moving average;
-- `awm`: Advantage Weighted Matching, CFG-free ODE rollouts.
+- `awm`: Advantage Weighted Matching as released (its config/dgx_awm.py): the ghuber weighting, advantages rescaled
+  to [-1, 1], clip range 1, a KL of weight 1 to a moving average of the adapters and of 0.003 to the base; CFG-free
+  ODE rollouts;
+- `dgpo`: Direct Group Preference Optimization, CFG-free ODE rollouts, a group's images trained at the same steps
+  with the same noise.
 """
 
 from configs import demo
 
 
-ALGORITHMS = ("flow_grpo", "cps", "guard", "nft", "awm")
+ALGORITHMS = ("flow_grpo", "cps", "guard", "nft", "awm", "dgpo")
 
 
 def get_config(arg=None):
@@ -45,16 +49,19 @@ def get_config(arg=None):
   if algorithm == "guard":
     c.decoder.ratio_norm = True
     c.decoder.window_slide_every, c.decoder.window_slide_stride = 15, 1
-  if algorithm in ("nft", "awm"):
+  if algorithm in ("nft", "awm", "dgpo"):
     c.decoder.train_guidance = 1.0  # CFG-free: one DiT pass per step, in the rollout and the update
     c.decoder.train_timesteps = 2  # of the 4 steps, per image per update
+  if algorithm in ("nft", "awm"):
     c.decoder.ema.every = 1
   if algorithm == "nft":
-    # DiffusionNFT's default schedule of its old policy: decay min(0.001 n, 0.5) after step n.
+    # DiffusionNFT's default schedule of its old policy (its decay_type 1): decay min(0.001 n, 0.5) after step n.
     c.decoder.ema.decay, c.decoder.ema.ramp = 0.5, 0.001
   if algorithm == "awm":
-    # A weak anchor to a slow average of the adapters (AWM drifts without one at real size).
-    c.decoder.ema.decay, c.decoder.ema_beta = 0.9, 0.01
+    # AWM's released recipe (config/dgx_awm.py): ghuber weighting, advantages in [-1, 1], clip range 1; anchored by
+    # a KL of weight 1 to an average of the adapters (decay min(0.001 n, 0.3)) and of 0.003 to the base.
+    c.decoder.awm_weighting, c.decoder.advantage_max, c.decoder.clip_range = "ghuber", 1.0, 1.0
+    c.decoder.ema.decay, c.decoder.ema.ramp, c.decoder.ema_beta, c.decoder.beta = 0.3, 0.001, 1.0, 0.003
   c.checkpoint.save_interval = 10
   c.log.image_interval = 10
   return c

@@ -188,6 +188,7 @@ RULES: dict[str, Rule] = {
     "decoder.awm_weighting": choice(*grpo_matching.AWM_WEIGHTINGS),
     "decoder.awm_ghuber_power": number(lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "decoder.advantage_max": NON_NEGATIVE,
+    "decoder.dgpo_beta": POSITIVE,
     "decoder.ema_beta": NON_NEGATIVE,
     "decoder.ema.decay": UNIT_OPEN,
     "decoder.ema.every": integer(0, why="must be >= 0 (0 keeps no moving average)"),

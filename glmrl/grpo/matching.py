@@ -1,4 +1,4 @@
-"""Likelihood-free decoder RL on the forward (noising) process: DiffusionNFT and Advantage Weighted Matching.
+"""Likelihood-free decoder RL on the forward (noising) process: DiffusionNFT, Advantage Weighted Matching and DGPO.
 
 Both train on the clean latents x0 of a rollout sampled by any solver (here the ODE): at a timestep with
 flow time sigma they noise x0 with fresh eps, x_sigma = (1 - sigma) x0 + sigma eps, whose flow-matching
@@ -15,6 +15,8 @@ and compare the DiT's velocity there with v*. No SDE, no trajectory, no log-dens
 - AWM (Xue et al. 2025, arXiv:2509.25050): the flow-matching loss of the rollout's own samples as a
   log-likelihood surrogate, logp = -w(sigma) mean((v - v*)^2), in a PPO ratio exp(logp - old_logp) with the
   rollout's advantages (Flow-Factory's trainers/awm.py; the ratio loss is `flow.flow_policy_loss`).
+- DGPO (Luo et al. 2025, Direct Group Preference Optimization; github.com/Luo-Yihong/DGPO): the flow error of
+  each sample weighted by its advantage and its group's DPO weight (`dgpo_group_weights`).
 
 Shapes: x0, eps, v [B, ...]; sigma, r, advantages [B]. All pure, float32, jit-able.
 """
@@ -108,3 +110,26 @@ def velocity_kl(v, v_ref):
   same_shape("v_ref", v_ref, "v", v)
   return jnp.mean(jnp.square(v.astype(jnp.float32) - jax.lax.stop_gradient(v_ref.astype(jnp.float32))),
                   axis=latent_axes(v))
+
+
+def flow_error(v, target):
+  """[B] mean((v - v*)^2) over the latent: the denoising (flow-matching) error of one sample at one timestep."""
+  same_shape("target", target, "v", v)
+  return jnp.mean(jnp.square(v.astype(jnp.float32) - target.astype(jnp.float32)), axis=latent_axes(v))
+
+
+def dgpo_group_weights(delta_BxW, advantages_B, group_size: int, beta_dpo: float):
+  """[B, W] DGPO's weights (Luo et al. 2025, Direct Group Preference Optimization; Luo-Yihong/DGPO
+  scripts/train_sd3_dgpo.py lines 162-193 at 01ceb4b): per group g and trained step, sigmoid(S_g) with
+  S_g = sum_{i in g} A_i beta_dpo delta_i / G, delta_i = the policy's flow error minus the reference's (no gradient),
+  given to every member of the group. The loss sum_i w_g(i) A_i error_i then has the gradient of the group's
+  -log sigmoid(-S_g), the DPO loss of its advantage-weighted preference (samples above the group mean as winners,
+  below as losers, each by |A_i|). Rows of a group are consecutive (`group_size` of them)."""
+  delta = jax.lax.stop_gradient(jnp.asarray(delta_BxW, jnp.float32))
+  b, w = delta.shape
+  if b % group_size:
+    raise ValueError(f"{b} rows do not split into groups of {group_size}")
+  adv = jnp.asarray(advantages_B, jnp.float32)[:, None]
+  s_PxW = jnp.sum((adv * beta_dpo * delta / group_size).reshape(b // group_size, group_size, w), axis=1)
+  return jnp.repeat(jax.nn.sigmoid(s_PxW), group_size, axis=0)
+

@@ -200,6 +200,7 @@ class ArPolicy:
   programs = ("rewards", "update")
   rewards_key = "rewards"
   decodes = False
+  contrasts_reference = False  # its loss reads the reference policy whatever its KL weight
 
   def __init__(self, config):
     self.config = config

@@ -96,6 +96,7 @@ class Policy(Protocol):
   settings: Settings
   request: Request     # the rollout it asks for
   decodes: bool        # it decodes the rollout's images itself (`rollout_leg`): a DiT policy
+  contrasts_reference: bool  # its loss reads the reference policy whatever its KL weight (DGPO)
 
   def rows_per_prompt(self, request: Request) -> int:
     """Rows of its update's batch per prompt of the rollout."""

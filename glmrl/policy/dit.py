@@ -84,6 +84,7 @@ class DitPolicy:
   programs = ("decoder_rewards", "decoder_update")
   rewards_key = "decoder.rewards"
   decodes = True
+  contrasts_reference = False  # its loss reads the reference policy whatever its KL weight
 
   def __init__(self, config):
     self.config = config

@@ -46,6 +46,7 @@ class MatchingRollout:
   old_logp: jax.Array      # [B, W] AWM's old log-probs, from the first update (NaN until then; NFT: unused)
   advantages: jax.Array    # [B]
   mask: jax.Array          # [B, W] 1 in the loss, 0 for dropped groups
+  weights: jax.Array | None = None  # [B, W] DGPO's group weights, made inside its update (None outside)
 
 
 @struct.dataclass
@@ -144,6 +145,7 @@ class MatchingPolicy(dit.DitPolicy):
   (differing by their initial noise), trained at drawn timesteps of their clean latents. Subclasses give the
   objective (`objective`) and the trained state their rollouts sample with."""
   objective = None
+  shares_group_noise = False  # a group's images train at the same slots with the same noise (DGPO)
 
   def spec(self, images: int) -> MatchingSpec:
     """The static description of its update on `images` rows."""
@@ -166,11 +168,13 @@ class MatchingPolicy(dit.DitPolicy):
     target_B, latents, _, cond = self.leg_inputs(run, prepared, sample, noise_key)
     images, x0 = self.decode(run, prepared, target_B, latents, cond, dit_params)
     b = x0.shape[0]
-    timesteps, sigmas = draw_slots(slot_key, *pipeline.schedule(self.train_steps), b, self.slots())
+    g = run.request.samples_per_grid if self.shares_group_noise else 1
+    timesteps, sigmas = draw_slots(slot_key, *pipeline.schedule(self.train_steps), b // g, self.slots())
+    keys = jax.random.split(train_key, b // g)
+    per_row = lambda x: pipeline.shard_batch(jnp.repeat(x, g, axis=0) if g > 1 else x)
     rollout = MatchingRollout(
-        **self.rows(pipeline, cond), x0=pipeline.shard_batch(x0),
-        noise_keys=pipeline.shard_batch(jax.random.split(train_key, b)), timesteps=pipeline.shard_batch(timesteps),
-        sigmas=pipeline.shard_batch(sigmas), old_logp=None, advantages=None, mask=None)
+        **self.rows(pipeline, cond), x0=pipeline.shard_batch(x0), noise_keys=per_row(keys),
+        timesteps=per_row(timesteps), sigmas=per_row(sigmas), old_logp=None, advantages=None, mask=None)
     return images, rollout, {}
 
   def rollout_batch(self, sampled, advantages, keep) -> MatchingRollout:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import functools
 
-from glmrl.policy import ar, awm, dit, flow_grpo, nft
+from glmrl.policy import ar, awm, dgpo, dit, flow_grpo, nft
 from glmrl.policy.base import Policy, Request, Saved
 
 # config.decoder.algorithm -> the DiT policy that implements it.
 DIT_ALGORITHMS: dict[str, type] = {"flow_grpo": flow_grpo.FlowGrpoPolicy, "nft": nft.NftPolicy,
-                                   "awm": awm.AwmPolicy}
+                                   "awm": awm.AwmPolicy, "dgpo": dgpo.DgpoPolicy}
 
 # Where each policy a run may train keeps its state (by config.train.policies' word), whatever the run's config:
 # what the export looks for in a run's folder.

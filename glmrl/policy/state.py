@@ -137,9 +137,10 @@ def build_state(policy: Policy, config, model: tuple, mesh, *, abstract: bool = 
   out.tx, out.schedule = optimizer_lib.make_optimizer(settings.optim, config.train.num_steps,
                                                       settings.num_iterations)
   out.opt_state = _optimizer_state(out.tx, trainable, mesh, abstract)
-  # The frozen reference policy: a copy of the initial parameters, only when the KL term is on; with LoRA
+  # The frozen reference policy: a copy of the initial parameters, only when the KL term (or the loss, DGPO's) reads
+  # it; with LoRA
   # none (the update turns the adapters off instead: no second copy of any weight).
-  if settings.beta > 0 and not lora.enabled:
+  if (settings.beta > 0 or policy.contrasts_reference) and not lora.enabled:
     out.reference = trainable if abstract else jax.tree.map(jnp.copy, trainable)
   if settings.ema.enabled:
     out.ema_settings = settings.ema

@@ -246,3 +246,26 @@ def test_awm_advantage_rescale_matches_the_reference():
   adv = np.array([-9.0, -5.0, -1.3, 0.0, 2.5, 7.0])
   want = np.clip(adv, -5.0, 5.0) / 5.0 * 1.0
   np.testing.assert_allclose(np.asarray(matching.rescaled_advantages(adv, 5.0, 1.0)), want, rtol=1e-7)
+
+
+def test_dgpo_weighted_loss_has_the_gradient_of_the_group_dpo_loss():
+  """sum_i w_g A_i err_i with w_g = sigmoid(S_g) held fixed, times beta / G, has the gradient of the group's
+  -log sigmoid(-S_g), S_g = beta / G sum_i A_i (err_i - ref_i): DGPO's "gradient-equivalent" form (its
+  scripts/train_sd3_dgpo.py lines 185-193). Float64 central differences in each sample's velocity."""
+  rng = np.random.default_rng(14)
+  g, beta = 4, 20.0
+  v, target = rng.standard_normal((2 * g, 3, 2, 2)) * 0.3, rng.standard_normal((2 * g, 3, 2, 2)) * 0.3
+  ref = rng.uniform(0.05, 0.2, 2 * g)
+  adv = rng.standard_normal(2 * g)
+  err = lambda vv: np.mean((vv - target) ** 2, axis=(1, 2, 3))
+  s_groups = lambda vv: (adv * beta * (err(vv) - ref) / g).reshape(2, g).sum(1)
+  dpo = lambda vv: float(np.sum(np.log1p(np.exp(s_groups(vv)))))  # -log sigmoid(-S) = log(1 + e^S)
+  weights = matching.dgpo_group_weights(jnp.asarray((err(v) - ref)[:, None], jnp.float32), adv, g, beta)
+  np.testing.assert_allclose(np.asarray(weights)[:, 0], np.repeat(1 / (1 + np.exp(-s_groups(v))), g), rtol=1e-5)
+  ours = jax.grad(lambda vv: jnp.sum(weights[:, 0] * adv * matching.flow_error(vv, jnp.asarray(target))))(
+      jnp.asarray(v, jnp.float32))
+  for idx in [(0, 1, 0, 1), (5, 2, 1, 0)]:
+    bump = np.zeros_like(v)
+    bump[idx] = 1e-6
+    fd = (dpo(v + bump) - dpo(v - bump)) / 2e-6
+    np.testing.assert_allclose(float(ours[idx]) * beta / g, fd, rtol=1e-4)

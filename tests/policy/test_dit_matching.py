@@ -9,6 +9,7 @@ parameters deviates by rounding alone; CFG-free training (guidance 1.0) runs one
 import glmrl  # noqa: F401
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -171,3 +172,50 @@ def test_cps_window_logprobs_are_the_learners():
   x_next, logp = flow.sde_step(x, v, 0.8, 0.6, 0.8, eps, sde_type="cps")
   again = flow.sde_logprob(x_next, *flow.step_mean("cps", x, v, 0.8, 0.6, 0.8))
   np.testing.assert_array_equal(np.asarray(logp), np.asarray(again))
+
+
+def test_dgpo_weights_its_groups_as_the_float64_formula_and_accumulates_exactly(setup):
+  """DGPO's group weights at the update's parameters against the float64 formula of DGPO's own lines (Luo-Yihong/
+  DGPO scripts/train_sd3_dgpo.py 162-193: sigmoid(sum_g A_i beta delta_i / G), delta = error - reference error),
+  from errors recomputed here (rows 0-1 and 2-3 are the groups); then its accumulated gradient over two
+  micro-batches x two slots equals the whole batch's of sum w A error + beta KL (rtol 1e-4)."""
+  from glmrl.policy import dgpo
+
+  graphdef, adapters, base, ema, rollout = setup
+  s = dm.MatchingSpec(objective=dgpo.DgpoObjective(beta_dpo=50.0, adv_clip_max=5.0, group_size=2),
+                      guidance_scale=GUIDANCE, beta=0.3, ema_beta=0.0, micro_batches=1, reference="adapters_off")
+  off = lora_lib.adapters_off(adapters)
+  errors = {}
+  for k in range(SLOTS):
+    x_t, target, _, t = dm.slot_inputs(rollout, k)
+    for name, p in (("policy", adapters), ("reference", off)):
+      v = np.asarray(velocity(graphdef, p, base, rollout, x_t, t), np.float64)
+      errors[name, k] = np.mean((v - np.asarray(target, np.float64)) ** 2, axis=(1, 2, 3))
+  adv = np.clip(np.asarray(rollout.advantages, np.float64), -5.0, 5.0)
+  want = np.zeros((B, SLOTS))
+  for k in range(SLOTS):
+    delta = errors["policy", k] - errors["reference", k]
+    for g in (0, 2):
+      s_g = sum(adv[i] * 50.0 * delta[i] / 2 for i in (g, g + 1))
+      want[g:g + 2, k] = 1.0 / (1.0 + math.exp(-s_g))
+  got = dgpo.group_weights(graphdef, adapters, base, rollout, dm.Anchors(None, None), spec=s)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4)
+  assert np.ptp(want) > 1e-3  # the groups weigh differently (the check can fail)
+
+  weights = jnp.asarray(want, jnp.float32)
+
+  def whole_batch(params):
+    total = count = 0.0
+    for k in range(SLOTS):
+      x_t, target, _, t = dm.slot_inputs(rollout, k)
+      v = velocity(graphdef, params, base, rollout, x_t, t)
+      v_ref = jax.lax.stop_gradient(velocity(graphdef, off, base, rollout, x_t, t))
+      term = weights[:, k] * jnp.clip(rollout.advantages, -5.0, 5.0) * jnp.mean(jnp.square(v - target), (1, 2, 3))
+      term = term + 0.3 * jnp.mean(jnp.square(v - v_ref), axis=(1, 2, 3))
+      total, count = total + jnp.sum(term * rollout.mask[:, k]), count + jnp.sum(rollout.mask[:, k])
+    return total / count
+
+  grads_sum, stats, _ = dgpo.accumulate_gradients(graphdef, adapters, base, rollout, dm.Anchors(None, None), True,
+                                                  spec=dataclasses.replace(s, micro_batches=2))
+  for g, w in zip(jax.tree.leaves(grads_sum), jax.tree.leaves(jax.grad(whole_batch)(adapters))):
+    np.testing.assert_allclose(np.asarray(g) / float(stats["denominator"]), np.asarray(w), rtol=1e-4, atol=1e-7)

@@ -100,3 +100,16 @@ def test_cps_with_the_reference_logprob_trains_through_main(tmp_path):
     assert r["decoder/logprob/sampler_vs_recomputed_max_abs"] < 1e-5
     assert r["decoder/skipped"] == 0.0 and np.isfinite(r["decoder/iter1/ratio/max"])
     assert r["decoder/iter1/ratio/max"] != 1.0
+
+
+def test_dgpo_demo_trains_through_main(tmp_path):
+  """`:dgpo`: at the first update the adapters are the base (LoRA B = 0), so every group's DPO weight is
+  sigmoid(0) = 0.5 exactly; after it they are not; nothing is kept beside the adapters and their optimizer."""
+  workdir = tmp_path / "dgpo"
+  main("--config=configs/demo_decoder.py:dgpo", "--config.train.num_steps=2", "--config.checkpoint.save_interval=2",
+       f"--workdir={workdir}")
+  got = rows(workdir)
+  assert got[1]["decoder/dgpo/group_weight"] == 0.5 and got[2]["decoder/dgpo/group_weight"] != 0.5
+  assert all(r["decoder/skipped"] == 0.0 and np.isfinite(r["decoder/loss"]) for r in got.values())
+  assert {p.name for p in (workdir / "checkpoints" / "2").iterdir()} >= {"decoder_params", "decoder_opt_state"}
+  assert not (workdir / "checkpoints" / "2" / "decoder_ema").exists()

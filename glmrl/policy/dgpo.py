@@ -1,0 +1,94 @@
+"""Direct Group Preference Optimization on the DiT (config.decoder.algorithm 'dgpo'; Luo et al. 2025, the official
+code github.com/Luo-Yihong/DGPO, scripts/train_sd3_dgpo.py): its objective, its update and its bound policy.
+
+DGPO trains on the clean latents of deterministic (ODE) rollouts, as DiffusionNFT and AWM (`dit_matching.py`), with
+one group's images noised alike: the same trained steps and the same noise (DGPO's `use_shared_noise`). At each
+trained step every image's flow-matching error under the policy is weighted by its advantage and by its group's
+DPO weight sigmoid(S_g), S_g = beta_dpo sum_i A_i (error_i - reference error_i) / G (`matching.dgpo_group_weights`):
+a group whose better samples the policy already fits better than the reference does (S_g < 0) weighs less. The
+weights are taken at the update's own parameters before its gradient (a forward of the policy and of the reference
+per trained step, no gradient), as the reference computes them inside its loss, detached. The reference is the
+initial DiT (its adapters off under DiT LoRA); decoder.beta adds the velocity KL to it, as DGPO's `train.beta`.
+
+Left out: DGPO's PPO-style clip of each sample's error against a slowly updated copy (`clip_dsm`) and its switch
+to sampling with that copy (`switch_ema_ref`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from glmrl.grpo import matching
+from glmrl.models import lora as lora_lib
+from glmrl.policy import accumulate
+from glmrl.policy import dit
+from glmrl.policy import dit_matching
+
+
+@dataclasses.dataclass(frozen=True)
+class DgpoObjective:
+  """DGPO's loss of one slot: the group-weighted, advantage-weighted flow error (weights from `mb.weights`)."""
+  beta_dpo: float
+  adv_clip_max: float
+  group_size: int
+  contrasts_average = False
+  has_ratio = False
+  stats = ("kl_mean", "group_weight_mean")
+
+  def slot_loss(self, v, x_t, target, sigma, mb, k, fixed, first, kl, mask, beta):
+    del x_t, sigma, fixed, first
+    masked_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    advantages = jnp.clip(mb.advantages, -self.adv_clip_max, self.adv_clip_max)
+    weight = mb.weights[:, k]
+    numerator = jnp.sum(weight * advantages * matching.flow_error(v, target) * mask)
+    if kl is not None:
+      numerator = numerator + beta * jnp.sum(kl * mask)
+    aux = {"denominator": jnp.sum(mask), "kl_mean": masked_mean(kl) if kl is not None else jnp.zeros(()),
+           "group_weight_mean": masked_mean(weight)}
+    return numerator, aux, None
+
+
+def group_weights(graphdef, params, frozen, rollout, anchors, *, spec):
+  """[B, W] the group weights at `params`: each image's flow error minus the reference's at every trained slot,
+  micro-batch by micro-batch (forwards only), then `matching.dgpo_group_weights`."""
+  ref = lora_lib.adapters_off(params) if spec.reference == "adapters_off" else anchors.reference
+
+  def slot(carry, mb, k):
+    x_t, target, _, t = dit_matching.slot_inputs(mb, k)
+    error = lambda p: matching.flow_error(dit_matching.velocity(graphdef, p, frozen, mb, x_t, t, spec), target)
+    return carry, jax.lax.stop_gradient(error(params) - error(ref))
+
+  _, delta_BxW = accumulate.scan_steps(slot, (), rollout, spec.micro_batches, rollout.timesteps.shape[1])
+  o = spec.objective
+  advantages = jnp.clip(rollout.advantages, -o.adv_clip_max, o.adv_clip_max)
+  return matching.dgpo_group_weights(delta_BxW, advantages, o.group_size, o.beta_dpo)
+
+
+def accumulate_gradients(graphdef, params, frozen, rollout, anchors, first, *, spec):
+  """The group weights, then `dit_matching.accumulate_gradients` of the weighted loss (the one slot scan)."""
+  weights = group_weights(graphdef, params, frozen, rollout, anchors, spec=spec)
+  return dit_matching.accumulate_gradients(graphdef, params, frozen, rollout.replace(weights=weights), anchors,
+                                           first, spec=spec)
+
+
+class DgpoPolicy(dit_matching.MatchingPolicy):
+  """DGPO, bound to the run's config: samples with the trained parameters by the ODE; a group's images share their
+  trained steps and noise."""
+  shares_group_noise = True
+  contrasts_reference = True
+
+  def __init__(self, config):
+    super().__init__(config)
+    d = config.decoder
+    self.objective = DgpoObjective(beta_dpo=float(d.dgpo_beta), adv_clip_max=float(d.adv_clip_max),
+                                   group_size=d.group_size)
+
+  def anchor_passes(self) -> int:
+    """Beside its own: the group weights' forwards of the policy and the reference, and the KL's reference."""
+    return 2 + super().anchor_passes()
+
+  update = staticmethod(functools.partial(dit.update, accumulate_gradients))
