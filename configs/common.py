@@ -231,6 +231,10 @@ def base_config() -> ml_collections.ConfigDict:
   # writing <workdir>/eval/report.json and report.md with 95% bootstrap intervals; "": the newest checkpoint.
   c.eval.steps = ""  # Checkpoints to compare, or "".
   c.eval.seed = 1234  # Fixed sampling seed of evaluation.
+  # --mode=eval with eval.steps: every image's distance to the first listed checkpoint's image of the same prompt
+  # and seed (1 - SSIM, pixel RMSE; glmrl/evaluation/drift.py), reported beside the rewards; with converted LPIPS
+  # weights here (python -m checkpoints_convert.lpips), LPIPS too.
+  c.eval.drift_lpips_dir = ""  # Converted LPIPS folder, or "" (SSIM and RMSE only).
   # One warning when, for this many periodic evaluations in a row, a policy's training reward rose while its held-out
   # reward fell (glmrl/evaluation/monitors.py); 0 disables it.
   c.eval.hacking_patience = 3  # Evaluations of diverging rewards before the warning; 0: never.

@@ -21,6 +21,10 @@ grids), a decoder group compares the 4 samples of one grid (README "Decoder RL")
 Decoder values follow Flow-GRPO's SD3.5 recipe (github.com/yifan123/flow_grpo, config/grpo.py and
 config/base.py): noise level 0.7, 10 training steps, clip range 1e-4, advantages clipped at 5, LoRA r=32
 alpha=64 at 3e-4; the SDE window of 2 steps at a random start is Flow-GRPO-Fast's (our choice of size).
+The DiT is anchored to the base (its adapters off) by a KL of weight decoder.beta = 0.04, Flow-GRPO's OCR recipe's
+(config/grpo.py `general_ocr_sd3`, train.beta): OCR reward alone is hacked by drawing text over the image, and
+peers report OCR RL that destroys image content unless anchored (UniRL PR #407); the KL costs one more DiT forward
+per trained step (the adapters-off reference), --config.decoder.beta=0 drops it.
 Checked at full size with --mode=compile (README "What fits where"); not yet trained at full size.
 """
 
@@ -47,7 +51,7 @@ def get_config(arg=None):
   c.decoder.noise_level = 0.7
   c.decoder.clip_range = 1e-4
   c.decoder.adv_clip_max = 5.0
-  c.decoder.beta = 0.0
+  c.decoder.beta = 0.04  # the KL anchor to the base (see the docstring)
   c.decoder.lora.rank = 32
   c.decoder.lora.alpha = 64.0
   c.decoder.optim.learning_rate = 3e-4

@@ -239,6 +239,7 @@ RULES: dict[str, Rule] = {
     "eval.max_prompts": integer(0, why="must be >= 0 (0: every held-out prompt)"),
     "eval.steps": Rule(str, _steps_ok, "must be '' or distinct step numbers >= 0 separated by commas, e.g. 0,500"),
     "eval.seed": integer(0),
+    "eval.drift_lpips_dir": STRING,
 }
 
 
@@ -418,6 +419,9 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
          "compares checkpoints in --mode=eval only")
   if values["eval.prompts_file"] and (mode == "eval" or values["eval.interval"]):
     _check_file("config.eval.prompts_file", values["eval.prompts_file"])
+  if values["eval.drift_lpips_dir"] and mode == "eval":
+    _check(os.path.isdir(values["eval.drift_lpips_dir"]), "config.eval.drift_lpips_dir",
+           values["eval.drift_lpips_dir"], "no such directory (convert LPIPS: python -m checkpoints_convert.lpips)")
   if values["log.wandb"]:
     import importlib.util
     _check(importlib.util.find_spec("wandb") is not None, "config.log.wandb", True,

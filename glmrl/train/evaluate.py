@@ -14,6 +14,7 @@ from PIL import Image
 from glmrl.checkpoint.atomic import write_json_atomic, write_text_atomic
 from glmrl.checkpoint.manager import saved_steps
 from glmrl.errors import UserError
+from glmrl.evaluation import drift
 from glmrl.evaluation import page
 from glmrl.evaluation import report as report_lib
 from glmrl.evaluation import stats
@@ -24,12 +25,14 @@ from glmrl.train.rollout import host_metadata
 from glmrl.train.sample import restored_params, sample_batches
 
 
-def score(run, params: dict, first_samples_dir: str | None = None) -> tuple[dict, np.ndarray, list]:
+def score(run, params: dict, first_samples_dir: str | None = None,
+          thumbnails: list | None = None) -> tuple[dict, np.ndarray, list]:
   """Samples group_size images per held-out prompt with the fixed eval seed (the ODE, sampling.dit_steps) and
   scores them: ({reward name: [R * group_size] scores, prompt-major}, the first batch's images and prompts). The
   names are the logged ones without `eval/`: config.rewards' total `reward` and components `reward/<name>`, and
   every other trained policy's own rewards under its prefix (`decoder/reward`, ...). `first_samples_dir`: each
-  prompt's first sample is written there as `<prompt index>.png` (the comparison page's images)."""
+  prompt's first sample is written there as `<prompt index>.png` (the comparison page's images). `thumbnails`: a list
+  every batch's images are appended to, reduced for the drift (`glmrl.evaluation.drift.thumbnails`)."""
   g = run.group_size
   records = run.eval_records
   if not records:
@@ -53,10 +56,13 @@ def score(run, params: dict, first_samples_dir: str | None = None) -> tuple[dict
     if images_out is None:
       host = to_host(out.images)[keep]
       images_out, prompts_out = host, prompts[:real * g]
-    if first_samples_dir:
+    if first_samples_dir or thumbnails is not None:
       host = to_host(out.images)[keep] if host is None else host
+    if first_samples_dir:
       for i, image in enumerate(host[::g]):
         Image.fromarray(image).save(os.path.join(first_samples_dir, f"{done + i}.png"))
+    if thumbnails is not None:
+      thumbnails.append(drift.thumbnails(host))
     done += real
   return {k: np.concatenate(v) for k, v in scores.items()}, images_out, prompts_out
 
@@ -68,7 +74,7 @@ def log_scores(writer, step: int, scores: dict, images, prompts, group_size: int
   scalars = {}
   for name, values in scores.items():
     scalars[f"eval/{name}/mean"] = float(values.mean())
-    if not name.split("reward", 1)[1]:  # a total: its spread and interval too
+    if name == "reward" or name.endswith("/reward") or name.startswith("drift/"):  # its spread and interval too
       scalars[f"eval/{name}/std"] = float(values.std())
       per_prompt = stats.per_prompt(values.reshape(-1, group_size))
       ci = stats.mean_ci(per_prompt, stats.resample_indices(per_prompt.shape[0], seed))
@@ -101,19 +107,26 @@ def check_steps(config, workdir: str) -> list[int]:
 
 
 def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
-  """Every checkpoint of `steps` (0: the initial models, adapters off) on the same prompts with the same seeds;
-  writes <workdir>/eval/report.json, report.md (`glmrl.evaluation.report`) and index.html (`glmrl.evaluation.page`:
+  """Every checkpoint of `steps` (0: the initial models, adapters off) on the same prompts with the same seeds,
+  each image's distance to the first step's image of its prompt and seed beside the rewards (`drift/...`,
+  `glmrl.evaluation.drift`); writes <workdir>/eval/report.json, report.md (`glmrl.evaluation.report`) and index.html (`glmrl.evaluation.page`:
   each prompt's first sample at every checkpoint, under eval/images/<step>/) and each step's scalars and grid.
   Returns the report."""
   cfg = run.config
-  scores = {}
+  scores, base_thumbs = {}, None
+  lpips = drift_lpips(cfg.eval.drift_lpips_dir)
   writer = run_writer(workdir, cfg, job="eval")
   try:
     for step in steps:
       params = run.sampling_params() if step == 0 else restored_params(run, workdir, use_ema, step)[0]
       # Process 0 writes the page's images and the reports (every process samples its shards).
       first = os.path.join(workdir, "eval", "images", str(step)) if jax.process_index() == 0 else None
-      per_image, images, prompts = score(run, params, first)
+      thumbs = []
+      per_image, images, prompts = score(run, params, first, thumbs)
+      # How far each image moved from the first listed checkpoint's at the same prompt and seed.
+      thumbs = np.concatenate(thumbs)
+      base_thumbs = thumbs if base_thumbs is None else base_thumbs
+      per_image.update(drift.distances(thumbs, base_thumbs, lpips))
       log_scores(writer, step, per_image, images, prompts, run.group_size, cfg.eval.seed)
       scores[step] = {k: v.reshape(-1, run.group_size) for k, v in per_image.items()}
       logging.info("eval of %s: reward %.4f", f"step {step}" if step else "the initial models",
@@ -133,6 +146,16 @@ def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
   write_text_atomic(os.path.join(out_dir, "index.html"), page.html(result, title, image_dir="images"))
   logging.info("wrote %s, report.md and index.html", os.path.join(out_dir, "report.json"))
   return result
+
+
+def drift_lpips(weights_dir: str):
+  """LPIPS of two uint8 batches ([B] distances) from converted weights, or None without a folder."""
+  if not weights_dir:
+    return None
+  from glmrl.models.lpips import load_lpips  # pylint: disable=import-outside-toplevel  # only when asked for
+
+  model = load_lpips(os.path.abspath(weights_dir))
+  return lambda a, b: np.asarray(jax.device_get(model(jax.numpy.asarray(a), jax.numpy.asarray(b))))
 
 
 def evaluate(config, workdir: str, use_ema: bool = False) -> dict:

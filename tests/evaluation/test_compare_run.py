@@ -51,6 +51,18 @@ def test_eval_compares_checkpoints_with_paired_intervals(tmp_path):
   assert "| overall | 4 |" in text and "step 2 - base (step 0)" in text
   assert sorted(os.listdir(workdir / "eval" / "images" / "2")) == [f"{i}.png" for i in range(4)]
   assert_page_renders(workdir / "eval" / "index.html", images=8)
+  # Each image's drift from the base's at the same prompt and seed: 0 for the base itself; step 2's first samples
+  # against skimage's SSIM of the page's images (the demo's 64 x 64 images are compared as they are).
+  from skimage.metrics import structural_similarity
+
+  for name in ("drift/ssim", "drift/rmse"):
+    assert report["per_prompt"][name]["0"] == [0.0] * 4 and max(report["per_prompt"][name]["2"]) > 0.0
+  for i in range(4):
+    a, b = (np.asarray(Image.open(workdir / "eval" / "images" / s / f"{i}.png")) for s in ("2", "0"))
+    want = 1.0 - structural_similarity(a, b, gaussian_weights=True, sigma=1.5, use_sample_covariance=False,
+                                       data_range=255, channel_axis=-1)
+    np.testing.assert_allclose(report["first_sample"]["drift/ssim"]["2"][i], want, rtol=1e-6, atol=1e-9)
+  assert "## drift/ssim" in text
 
   bad = run_main(*flags, "--mode=eval", "--config.eval.benchmark=parti:4", "--config.eval.steps=0,5",
                  tmp_path=workdir)
