@@ -84,7 +84,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.grpo.ratio_level = "token"  # "token" or "sequence".
   # The KL estimate times the importance ratio (TRL's use_bias_correction_kl, its default): unbiased for KL(pi ||
   # pi_ref) once the policy has moved from the one that sampled (num_iterations > 1). Needs grpo.beta > 0.
-  c.grpo.kl_bias_correction = False
+  c.grpo.kl_bias_correction = False  # KL estimate times the ratio (needs beta > 0).
   c.grpo.loss_tokens = "all"  # Tokens in the loss: "all" generated tokens, or only the "target" grid's.
 
   c.optim = ml_collections.ConfigDict()
@@ -129,7 +129,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.decoder.advantage_max = 0.0  # 0 = off; else > 0 (AWM's 1).
   # dgpo: beta of its group DPO weight sigmoid(beta sum_i A_i (error_i - reference error_i) / G) (DGPO's beta_dpo,
   # 100 in its released OCR and GenEval recipes, 10 for PickScore).
-  c.decoder.dgpo_beta = 100.0
+  c.decoder.dgpo_beta = 100.0  # dgpo: beta_dpo > 0.
   c.decoder.ema_beta = 0.0  # Weight of the velocity KL to the moving average (AWM's anchor); needs ema.every >= 1.
   # Moving average of the decoder's trained parameters (glmrl/policy/ema.py): nft's old policy (it samples the
   # rollouts), AWM's anchor; saved in checkpoints. decay_n = min(decay, ramp * n) after step n (ramp 0: decay).
@@ -139,7 +139,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.decoder.ema.ramp = 0.0  # Per-step growth of the decay up to `decay` (DiffusionNFT's 0.001); 0: constant.
   # Rollout steps the average is a copy of the parameters (decay 0) before the ramp starts from 0: DiffusionNFT's
   # decay_type 2 (its OCR recipe) is flat 75, ramp 0.0075, decay 0.999; type 1 is flat 0, ramp 0.001, decay 0.5.
-  c.decoder.ema.flat = 0
+  c.decoder.ema.flat = 0  # Steps of decay 0 before the ramp (DiffusionNFT decay_type 2: 75).
   c.decoder.group_size = 4  # Decoder samples per token grid (its advantages compare them), >= 2.
   # flow_grpo's stochastic step: "sde" (Euler-Maruyama of the flow's SDE) or "cps" (coefficient-preserving: the
   # step's noise keeps the marginal's data:noise mix exactly; noise_level 0.8 in Flow-GRPO's recipe).
