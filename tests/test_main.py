@@ -91,7 +91,7 @@ def assert_one_line_error(result, message, within: float | None = 30):
     ("--nosuchflag=1", "Unknown command line flag 'nosuchflag'"),
     ("--num_processes=2", "--coordinator_address, --num_processes and --process_id go together"),
     ("extra", "unexpected arguments ['extra']: every setting is a --flag"),
-    ("--config.decoder.algorithm=ppo", "config.decoder.algorithm='ppo': must be one of ['flow_grpo', 'nft', 'awm']"),
+    ("--config.decoder.algorithm=ppo", "config.decoder.algorithm='ppo': must be one of ['flow_grpo', 'nft', 'awm', 'dgpo']"),
     ("--config.decoder.nft_beta=0", "config.decoder.nft_beta=0.0: must be in (0, 1]"),
     ("--config.decoder.ema.decay=1.0", "config.decoder.ema.decay=1.0: must be in [0, 1)"),
     ("--config.decoder.sde_type=ode", "config.decoder.sde_type='ode': must be one of ['sde', 'cps']"),
