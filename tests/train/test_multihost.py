@@ -24,7 +24,7 @@ import shutil
 import numpy as np
 import pytest
 
-from checkpoints_convert.flax_to_hf import OrbaxLeafReader
+from checkpoints_convert.component_export import OrbaxLeafReader
 from tests.train.processes import assert_same_metrics, launch, rows
 
 # The README's demo command (one sample per device per decoder call: 16 images in 2 calls; the sampler reads the
