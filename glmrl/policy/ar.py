@@ -26,7 +26,7 @@ from glmrl.checkpoint.manager import AR_CONFIG_FILE
 from glmrl.models import lora as lora_lib
 from glmrl.models.ar.prompt import GenerationLayout
 from glmrl.policy import accumulate
-from glmrl.policy.base import FlopCounts, Request, Saved, Settings, lora_settings
+from glmrl.policy.base import BoundPolicy, FlopCounts, Request, Saved, Settings, lora_settings
 from glmrl.sampling.logprobs import SamplingConfig, sampling_config, teacher_forced_logprobs
 
 # The AR model's parts that full fine-tuning trains; the vision encoder and VQ stay frozen.
@@ -189,7 +189,7 @@ SAVED = Saved(params="params", opt_state="opt_state", ema=None, adapters_file="l
               export_component="vision_language_encoder")
 
 
-class ArPolicy:
+class ArPolicy(BoundPolicy):
   """GRPO on the AR generator's tokens, bound to the run's config: groups of token grids per prompt."""
   name = "ar"
   component = "ar"
@@ -199,11 +199,9 @@ class ArPolicy:
   micro_batch_key = "config.train.micro_batch_size"
   programs = ("rewards", "update")
   rewards_key = "rewards"
-  decodes = False
-  contrasts_reference = False  # its loss reads the reference policy whatever its KL weight
 
   def __init__(self, config):
-    self.config = config
+    super().__init__(config)
     self.settings = Settings(lora=lora_settings(config.lora), optim=config.optim,
                              num_iterations=config.grpo.num_iterations, beta=float(config.grpo.beta),
                              micro_batch_size=config.train.micro_batch_size, advantage_scale=config.grpo.scale)
@@ -267,12 +265,6 @@ class ArPolicy:
     old_logp, ref_logp = outputs
     return batch.replace(old_logp=old_logp, ref_logp=ref_logp), logprob_metrics(
         batch.sampler_logp, old_logp, forced_end=bool(self.config.sampling.constrain_to_codebook))
-
-  def anchors(self, state):
-    return state.reference
-
-  def rollout_trainable(self, state):
-    return state.trainable
 
   def update_flops(self, counts: FlopCounts) -> float:
     """Per iteration the teacher-forced forward, a backward of 2x it for the activations and, for full

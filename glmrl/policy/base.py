@@ -83,6 +83,22 @@ class FlopCounts:
   images: int
 
 
+class BoundPolicy:
+  """What every policy shares once bound (`registry.trained`): the config it was bound to, and the interface's
+  defaults (no rollout leg of its own, the KL reference as its update's anchor, its parameters as the sampler's)."""
+  decodes = False
+  contrasts_reference = False  # its loss reads the reference policy whatever its KL weight
+
+  def __init__(self, config):
+    self.config = config
+
+  def anchors(self, state):
+    return state.reference
+
+  def rollout_trainable(self, state):
+    return state.trainable
+
+
 class Policy(Protocol):
   """One trained policy, bound to the run's config (see the module docstring)."""
   name: str            # "ar" | "decoder": config.train.policies' word, the key of the run's states

@@ -16,7 +16,7 @@ from flax import nnx
 
 from glmrl.policy import accumulate
 from glmrl.policy import ema as ema_lib
-from glmrl.policy.base import FlopCounts, Request, Saved, Settings, lora_settings
+from glmrl.policy.base import BoundPolicy, FlopCounts, Request, Saved, Settings, lora_settings
 
 # The DiT's trained state is its own item of each step, with the DiT's paths (a converted
 # `transformer/params`): the whole DiT, or with DiT LoRA its adapters only, whose settings and base are recorded
@@ -72,7 +72,7 @@ def update(accumulate_gradients, graphdef, params, frozen, opt_state, batch, anc
   return new_params, new_opt_state, metrics, outputs
 
 
-class DitPolicy:
+class DitPolicy(BoundPolicy):
   """A policy on the DiT, bound to the run's config: groups of one token grid's samples, one row per image.
   Subclasses give the rollout leg, the batch, the update and the trained steps."""
   name = "decoder"
@@ -84,10 +84,9 @@ class DitPolicy:
   programs = ("decoder_rewards", "decoder_update")
   rewards_key = "decoder.rewards"
   decodes = True
-  contrasts_reference = False  # its loss reads the reference policy whatever its KL weight
 
   def __init__(self, config):
-    self.config = config
+    super().__init__(config)
     self.settings = settings_of(config)
     self.request = Request(samples_per_grid=config.decoder.group_size)
     self.train_steps = config.decoder.train_steps   # denoising steps of its rollouts
@@ -141,9 +140,6 @@ class DitPolicy:
   def make_update(self, state, shape):
     images, = shape
     return state.jit_update(self.update, self.spec(images))
-
-  def rollout_trainable(self, state):
-    return state.trainable
 
   def trained_steps(self) -> int:
     """Denoising steps its update trains per image."""

@@ -245,9 +245,6 @@ class FlowGrpoPolicy(dit.DitPolicy):
     metrics = {"logprob/sampler_vs_recomputed_max_abs": jnp.max(jnp.abs(rollout.sampler_logp - old_logp))}
     return batch.replace(rollout=rollout.replace(old_logp=old_logp, old_mean=old_mean)), metrics
 
-  def anchors(self, state):
-    return state.reference
-
   def trained_steps(self) -> int:
     """Denoising steps its update trains per image: the SDE window."""
     return self.config.decoder.window_size
