@@ -58,7 +58,7 @@ def main(argv=None):
       [lambda: loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(1), {"ar": ar.trainable})],
       max(args.reps // 3, 1))[0]
 
-  spec = ar_policy.update_spec(run.config, *shape)
+  spec = run.policies["ar"].spec(*shape)
   # Not donating: every call starts from the same state (the cost of the arithmetic is the same).
   update = jax.jit(functools.partial(ar_policy.update, ar.graphdef, spec=spec, tx=ar.tx, schedule=ar.schedule))
   logprob_pass = jax.jit(functools.partial(ar_policy.rollout_logprobs, ar.graphdef,

@@ -150,11 +150,6 @@ def update(graphdef, params, frozen, opt_state, rollout: Rollout, ref_params=Non
   return new_params, new_opt_state, metrics, (old_logp, ref_logp)
 
 
-def update_spec(config, prompt_len: int, layout, batch: int) -> UpdateSpec:
-  """The static description of the run's update for its prompt length, generation layout and `batch` rows."""
-  return ArPolicy(config).spec(prompt_len, layout, batch)
-
-
 def token_mask(layout, loss_tokens: str) -> jnp.ndarray:
   """[N] 1.0 for the generated tokens the loss covers: all of them, or only the target grid's."""
   n = layout.num_new_tokens

@@ -9,6 +9,7 @@ forward-process helpers of `dit_matching.py`.
 
 from __future__ import annotations
 
+import abc
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,7 +73,7 @@ def update(accumulate_gradients, graphdef, params, frozen, opt_state, batch, anc
   return new_params, new_opt_state, metrics, outputs
 
 
-class DitPolicy(BoundPolicy):
+class DitPolicy(BoundPolicy, abc.ABC):
   """A policy on the DiT, bound to the run's config: groups of one token grid's samples, one row per image.
   Subclasses give the rollout leg, the batch, the update and the trained steps."""
   name = "decoder"
@@ -141,13 +142,13 @@ class DitPolicy(BoundPolicy):
     images, = shape
     return state.jit_update(self.update, self.spec(images))
 
+  @abc.abstractmethod
   def trained_steps(self) -> int:
     """Denoising steps its update trains per image."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def anchor_passes(self) -> int:
     """DiT forwards its update adds per trained step beside its own (the KL reference's, the moving average's)."""
-    raise NotImplementedError
 
   def update_flops(self, counts: FlopCounts) -> float:
     """Per trained step and image the guided forward (one branch at train_guidance 1.0), a backward of 2x it (2x

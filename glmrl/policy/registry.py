@@ -29,9 +29,14 @@ def trained(config) -> dict[str, Policy]:
   return {name: policy(name, config) for name in config.train.policies.split("+")}
 
 
+def shared_request(policies: dict[str, Policy]) -> Request:
+  """One rollout serving every one of `policies`: prompts x token grids x decoder samples, prompt-major."""
+  return functools.reduce(Request.__or__, (p.request for p in policies.values()), Request())
+
+
 def rollout_request(config) -> Request:
-  """One rollout serving every trained policy: prompts x token grids x decoder samples, prompt-major."""
-  return functools.reduce(Request.__or__, (p.request for p in trained(config).values()), Request())
+  """The rollout the run of `config` shares between its trained policies (`shared_request`)."""
+  return shared_request(trained(config))
 
 
 def decoding(policies: dict[str, Policy]) -> Policy | None:

@@ -52,7 +52,7 @@ class Run:
   @property
   def request(self) -> Request:
     """The rollout every trained policy shares: token grids per prompt, decoder samples per grid."""
-    return registry.rollout_request(self.config)
+    return registry.shared_request(self.policies)
 
   @property
   def group_size(self) -> int:

@@ -63,7 +63,7 @@ def test_micro_batches_give_the_full_batch_update(trainer):
   rollout = rollout.replace(advantages=rollout.advantages + 0.25)
   results = []
   for micro in (1, 2):
-    spec = dataclasses.replace(ar_policy.update_spec(run.config, *shape), micro_batches=micro)
+    spec = dataclasses.replace(run.policies["ar"].spec(*shape), micro_batches=micro)
     fn = jax.jit(lambda p, f, o, r, first, spec=spec: ar_policy.update(
         ar.graphdef, p, f, o, r, None, first, spec=spec, tx=ar.tx, schedule=ar.schedule))
     params, opt_state, m_first, (old_logp, _) = fn(ar.trainable, ar.frozen, ar.opt_state, rollout, True)

@@ -44,7 +44,7 @@ def main():
     # On 8 devices the whole batch and the smallest micro-batches (4 rows, one per data x fsdp device); the
     # 1-device run covers 2 as well (each is a fresh compilation on 8 devices, see above).
     for micro in (1, 2, 4) if args.devices == 1 else (1, 4):
-      spec = dataclasses.replace(ar_policy.update_spec(run.config, *shape), micro_batches=micro)
+      spec = dataclasses.replace(run.policies["ar"].spec(*shape), micro_batches=micro)
       # Compiled as the trainer compiles it (donating copies of the state).
       fn = dataclasses.replace(ar, graphdef=graphdef).jit_update(ar_policy.update, spec)
       _, _, m, (old_logp, _) = fn(copy(ar.trainable), ar.frozen, copy(ar.opt_state), rollout, None, True)

@@ -62,7 +62,7 @@ def test_kl_reference_is_the_base_model_exactly(trained):
   update = trainer.update_fn("ar", collected.update_shapes["ar"])
   batch = collected.batches["ar"]
   _, _, _, (_, ref_logp) = update(copy(ar.trainable), ar.frozen, copy(ar.opt_state), batch, None, True)
-  spec = ar_policy.update_spec(run.config, *collected.update_shapes["ar"])
+  spec = run.policies["ar"].spec(*collected.update_shapes["ar"])
   plain = loop.setup_lib.build(tiny_config(grpo__beta=0.05, model__remat=True))  # same seed: the same base
   base_graphdef, base_trainable, base_frozen = nnx.split(
       nnx.merge(plain.states["ar"].graphdef, *plain.states["ar"].model_params()), ar_policy.TRAINABLE, ...)

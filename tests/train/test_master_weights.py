@@ -28,7 +28,7 @@ def setup(tmp_path_factory):
   collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(3),
                                        {"ar": trainer.states["ar"].trainable})
   rollout, shape = collected.batches["ar"], collected.update_shapes["ar"]
-  yield trainer, rollout, ar_policy.update_spec(run.config, *shape)
+  yield trainer, rollout, run.policies["ar"].spec(*shape)
   trainer.close()
 
 
