@@ -4,6 +4,8 @@
 #
 #   bash bench/gpu.sh [OUT_DIR]        (default /tmp/glmrl_gpu_bench)
 #
+# First GLM-Image at its released size (`bench/fullsize.py`: the AR sampler against the HBM roofline, the 1024^2 DiT
+# decode against diffusers, a training step of the LoRA and decoupled recipes; about 10 minutes on an H100), then the
 # AR sampler b=1/8/16 against transformers `generate`; one DiT CFG step of 2 layers at the released width at
 # 1024^2 against diffusers; the decoder update per trained timestep against diffusers + PEFT. Each bench's output
 # also goes to OUT_DIR/<bench>.txt. Needs jax with its CUDA plugin, torch with CUDA, and requirements-test.txt's
@@ -29,6 +31,8 @@ run() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import jax, torch; print('jax', jax.__version__, jax.devices(), '| torch', torch.__version__,
 torch.cuda.get_device_name())" | tee -a "$out/gpu.txt"
+run fullsize_train python3 bench/fullsize.py --stages=train --out="$out/fullsize_train"
+run fullsize python3 bench/fullsize.py --stages=ar,dit --out="$out/fullsize"
 run ar_sampler python3 bench/ar_sampler.py --dtype bfloat16 --batches 1,8,16
 run dit_step python3 bench/dit_step.py --dtype bfloat16 --attention xla,cudnn --layers 2 --heads 64 --head_dim 40 \
   --latent 128 --text_len 128 --batch 2 --reps 5

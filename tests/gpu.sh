@@ -9,6 +9,7 @@
 #    which the float32 tolerances are not meant for);
 # 2. main.py as a GPU user runs it: the released t2i recipe's tiny config in bfloat16 with
 #    `model.dit_attention=auto` (cuDNN), two steps.
+# 3. `bench/fullsize.py --size=tiny`: the full-size benchmark's every stage at the tiny size, on the GPU.
 # `bash bench/gpu.sh` then measures speed.
 # A failing step is reported and the next still runs; the exit status counts the failures.
 set -uo pipefail
@@ -25,4 +26,5 @@ else
   echo "main.py FAILED"
   failed=$((failed + 1))
 fi
+python3 bench/fullsize.py --size=tiny --reps=1 --train_steps=1 --out="$(mktemp -d)" || failed=$((failed + 1))
 exit $failed

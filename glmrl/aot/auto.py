@@ -19,9 +19,7 @@ run shards it. An explicit value is kept as given.
 from __future__ import annotations
 
 import dataclasses
-import os
 
-import jax
 import numpy as np
 
 from glmrl import sharding as sharding_lib
@@ -107,19 +105,6 @@ def resolve(config, mesh, platform: str, hbm_bytes: int, abstract_run) -> tuple:
       section, key = choice.key.split(".")
       config[section][key] = choice.value
   return config, tuple(choices)
-
-
-def device_memory_bytes() -> int:
-  """Memory of one of this process's devices: the accelerator's own limit, or for host (CPU) devices the
-  machine's RAM shared by them."""
-  device = jax.local_devices()[0]
-  try:
-    stats = device.memory_stats() or {}
-  except Exception:  # pylint: disable=broad-except  # backends without memory statistics
-    stats = {}
-  if stats.get("bytes_limit"):
-    return int(stats["bytes_limit"])
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // jax.local_device_count()
 
 
 def check_resident_fits(run, hbm_bytes: int) -> None:

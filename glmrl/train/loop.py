@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from glmrl import device_memory
 from glmrl import sharding as sharding_lib
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
 from glmrl.checkpoint.lock import WorkdirLock
@@ -163,11 +164,14 @@ class Trainer:
     self.step_index += 1
     scalars.update({
         "time/rollout": timings["rollout"], "time/reward": timings["reward"], "time/update": t2 - t1,
-        "time/step": t2 - t0,
+        "time/step": t2 - t0, "time/sampling": timings["sampling"], "time/decode": timings["decode"],
         "throughput/samples_per_s": run.batch_size / max(timings["rollout"], 1e-9),
         "throughput/tokens_per_s": collected.tokens / max(timings["rollout"], 1e-9),
         "nonfinite/skipped_total": self.nonfinite_total,
     })
+    peak = device_memory.peak_bytes()
+    if peak is not None:
+      scalars["memory/peak_gib"] = peak / 2**30
     watchdog_metrics, warnings = self.watchdog.update(self.step_index, scalars)
     scalars.update(watchdog_metrics)
     for warning in warnings:

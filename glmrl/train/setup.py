@@ -12,7 +12,7 @@ import os
 import jax
 from absl import logging
 
-from glmrl import distributed
+from glmrl import device_memory, distributed
 from glmrl import sharding as sharding_lib
 from glmrl.aot import auto
 from glmrl.aot.run_plan import check_batch, model_configs
@@ -127,7 +127,7 @@ def resolve_auto(config, mesh):
     return config
   from glmrl.aot import programs  # pylint: disable=import-outside-toplevel  # it builds on this module
 
-  platform, hbm = jax.default_backend(), auto.device_memory_bytes()
+  platform, hbm = jax.default_backend(), device_memory.limit_bytes()
 
   def abstract_run():
     run = programs.build(config, mesh, platform, hbm)

@@ -44,6 +44,11 @@ def test_one_step(trainer):
   for key in ("reward/mean", "reward/std", "reward/brightness/mean", "advantage/mean", "clip/low_frac",
               "policy/entropy", "learning_rate", "time/rollout", "throughput/tokens_per_s"):
     assert key in scalars, key
+  # The rollout's time is its two parts' (the decode waits for the sampled tokens); host devices keep no
+  # memory statistics, so no peak is logged here.
+  assert scalars["time/sampling"] > 0 and scalars["time/decode"] > 0
+  np.testing.assert_allclose(scalars["time/sampling"] + scalars["time/decode"], scalars["time/rollout"], rtol=1e-9)
+  assert "memory/peak_gib" not in scalars
   changed = jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), before, trainer.states["ar"].trainable)
   assert any(jax.tree.leaves(changed))
   # Frozen parts (vision encoder, VQ) are not in the trained state and get no optimizer state.
