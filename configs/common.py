@@ -23,7 +23,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Classifier-free guidance's two DiT passes as one forward of twice the batch (larger matmuls; the pass's
   # activations double; off in the released configs). Text-to-image only.
   c.model.dit_cfg_batched = False  # Both CFG branches in one DiT forward.
-  c.model.remat = False  # Rematerialise each AR decoder layer in the backward pass (saves activation memory).
+  # Rematerialise each AR decoder layer in the backward pass (saves activation memory); with a decoder policy
+  # trained, each DiT block too (glmrl/aot/run_plan.py).
+  c.model.remat = False  # Rematerialise in the backward pass (see above).
 
   # Low-rank adapters on the AR generator: only the adapters (and their optimizer state) train, the base stays
   # frozen (KL reference = adapters off). Update scale alpha / rank (PEFT's convention; flax's nnx.LoRA has none).

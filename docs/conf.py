@@ -47,3 +47,4 @@ def _docstring_as_written(app, what, name, obj, options, lines):  # pylint: disa
 
 def setup(app):
   app.connect("autodoc-process-docstring", _docstring_as_written)
+smartquotes = False  # "--config.x" and quotes stay as typed (no en dashes, no curly quotes)
