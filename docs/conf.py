@@ -20,7 +20,7 @@ copyright = "glmrl contributors"  # pylint: disable=redefined-builtin  # Sphinx'
 extensions = ["myst_parser", "sphinx.ext.autodoc"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "compile_reports", "README.md"]
+exclude_patterns = ["_build", "compile_reports"]
 
 # MyST: `[text](page.md)` and `[text](page.md#a-heading)` are checked cross-references (a missing page or
 # heading is a warning, an error under -W); headings down to ### get anchors.
@@ -42,7 +42,7 @@ html_title = "glmrl"
 def _docstring_as_written(app, what, name, obj, options, lines):  # pylint: disable=unused-argument
   """autodoc-process-docstring: the docstring as a literal block (plain text, never parsed as markup)."""
   if any(line.strip() for line in lines):
-    lines[:] = ["::", ""] + [f"   {line}" if line else "" for line in lines] + [""]
+    lines[:] = [".. code-block:: text", ""] + [f"   {line}" if line else "" for line in lines] + [""]
 
 
 def setup(app):
