@@ -5,6 +5,7 @@ import glob
 import importlib.util
 import json
 import os
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -12,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _generator():
   spec = importlib.util.spec_from_file_location("compile_reports", os.path.join(ROOT, "docs", "compile_reports.py"))
   module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # its dataclasses look their module up there
   spec.loader.exec_module(module)
   return module
 

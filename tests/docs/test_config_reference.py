@@ -3,6 +3,7 @@
 
 import importlib.util
 import os
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -11,6 +12,7 @@ def _generator():
   spec = importlib.util.spec_from_file_location("gen_config_reference",
                                                 os.path.join(ROOT, "docs", "gen_config_reference.py"))
   module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # its dataclasses look their module up there
   spec.loader.exec_module(module)
   return module
 
