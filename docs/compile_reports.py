@@ -47,7 +47,7 @@ ROWS = (
     Row("decoupled-v5p-64", "configs/glm_image_t2i_decoupled.py", "v5p-64",
         flags=("--config.decoder.micro_batch_size=32",),
         what="The decoupled recipe (AR LoRA + DiT LoRA, Flow-GRPO), one image per chip per decoder micro-batch."),
-    # ^ compiling its decoder update took more than the 24 GiB of a 2-core CI-sized machine (docs/benchmarks.md).
+    # ^ compiling its decoder update took more than 23 GiB of host memory: killed on a 24 GiB machine (docs/benchmarks.md).
 )
 
 HEADER = """\
