@@ -47,7 +47,8 @@ ROWS = (
     Row("decoupled-v5p-64", "configs/glm_image_t2i_decoupled.py", "v5p-64",
         flags=("--config.decoder.micro_batch_size=32",),
         what="The decoupled recipe (AR LoRA + DiT LoRA, Flow-GRPO), one image per chip per decoder micro-batch."),
-    # ^ compiling its decoder update took more than 23 GiB of host memory: killed on a 24 GiB machine (docs/benchmarks.md).
+    # ^ compiling its decoder update took more than 23 GiB of host memory (killed on a 24 GiB machine;
+    #   docs/benchmarks.md).
 )
 
 HEADER = """\
@@ -97,7 +98,8 @@ def summary_row(row: Row, report: dict) -> str:
   largest = max(programs, key=lambda n: programs[n]["peak_bytes_per_chip"]) if programs else ""
   auto = ", ".join(f"`{k}` = {v['value']}" for k, v in report.get("auto", {}).items())
   flags = f" ({' '.join(row.flags)})" if row.flags else ""
-  return (f"| `{row.config}`{flags} | {row.topology} ({report['chips']} chip{'s' if report['chips'] > 1 else ''}) | {'yes' if report['fits'] else 'no'} | "
+  chips = f"{report['chips']} chip{'s' if report['chips'] > 1 else ''}"
+  return (f"| `{row.config}`{flags} | {row.topology} ({chips}) | {'yes' if report['fits'] else 'no'} | "
           f"{gib:,.1f} GiB ({share:.0%}) | {largest} | {report['roofline_step_seconds']:.1f} s | {auto} |")
 
 
