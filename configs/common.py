@@ -12,7 +12,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.checkpoint_dir = ""  # Converted GLM-Image folder (checkpoints_convert output); "": random `preset`.
   c.model.preset = "tiny"  # Random-model size when checkpoint_dir is empty: "tiny" (tests/demo) or "full".
   # bfloat16: the forward reads bf16 weights, the optimizer keeps a float32 master copy (2 bytes per parameter
-  # more than float32, README "Memory per trained parameter").
+  # more than float32, docs/training.md "Memory per trained parameter").
   c.model.param_dtype = "float32"  # Trained AR parameters: "float32" or "bfloat16".
   c.model.compute_dtype = "float32"  # Activations / matmuls: "float32" or "bfloat16".
   # DiT attention kernel: "xla" (all queries' scores at once), "blocked" (512 queries at a time: never the
@@ -21,9 +21,11 @@ def base_config() -> ml_collections.ConfigDict:
   # the run logs its choice, the compile report records it).
   c.model.dit_attention = "auto"  # DiT attention kernel (see above).
   # Classifier-free guidance's two DiT passes as one forward of twice the batch (larger matmuls; the pass's
-  # activations double: the README's compile tables are of the two sequential passes). Text-to-image only.
+  # activations double; off in the released configs). Text-to-image only.
   c.model.dit_cfg_batched = False  # Both CFG branches in one DiT forward.
-  c.model.remat = False  # Rematerialise each AR decoder layer in the backward pass (saves activation memory).
+  # Rematerialise each AR decoder layer in the backward pass (saves activation memory); with a decoder policy
+  # trained, each DiT block too (glmrl/aot/run_plan.py).
+  c.model.remat = False  # Rematerialise in the backward pass (see above).
 
   # Low-rank adapters on the AR generator: only the adapters (and their optimizer state) train, the base stays
   # frozen (KL reference = adapters off). Update scale alpha / rank (PEFT's convention; flax's nnx.LoRA has none).
@@ -105,14 +107,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.max_consecutive_nonfinite = 5  # Stop after this many consecutive NaN/inf losses or rewards.
   # Which policies train: the AR generator (GRPO on its tokens), the DiT decoder (Flow-GRPO on its SDE steps) or
   # both from one rollout (GLM-Image's decoupled RL). A rollout is prompts x grpo.group_size token grids x
-  # decoder.group_size decoder samples (README "Decoder RL"); "ar" alone samples as before.
+  # decoder.group_size decoder samples (docs/decoder_rl.md); "ar" alone: one decoder sample per grid.
   c.train.policies = "ar"  # "ar", "decoder" or "ar+decoder".
 
   # The decoder policy, used when train.policies includes "decoder": Flow-GRPO (arXiv:2505.05470: PPO on the SDE
   # window's Gaussian steps), DiffusionNFT (arXiv:2509.16117: implicit positive/negative policies on the forward
   # process, clean images of an ODE rollout, sampled by the moving average), AWM (arXiv:2509.25050: the
   # flow-matching loss as log-likelihood in a PPO ratio) or DGPO (Direct Group Preference Optimization: each
-  # image's flow-matching error weighted by its advantage and its group's DPO weight). README "Decoder RL".
+  # image's flow-matching error weighted by its advantage and its group's DPO weight). docs/decoder_rl.md.
   c.decoder = ml_collections.ConfigDict()
   c.decoder.algorithm = "flow_grpo"  # "flow_grpo", "nft", "awm" or "dgpo".
   # CFG scale of training rollouts and of the loss's velocities; 1.0 = CFG-free (one DiT pass per step, the RL

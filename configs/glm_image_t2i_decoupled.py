@@ -7,7 +7,7 @@ python main.py --config=configs/glm_image_t2i_decoupled.py --config.model.checkp
   --config.rewards[0].kwargs.clip_dir=CLIP --config.rewards[0].kwargs.head_dir=HEAD
   --config.rewards[1].kwargs.ckpt_dir=PICKSCORE --config.decoder.rewards[0].kwargs.url=http://OCR_SERVER
 `:tiny` shrinks it to the random tiny model, a 64 x 64 target and built-in rewards for a local run.
-The decoder's OCR reward is served by the shipped scorer (README "Rewards"), started before the run:
+The decoder's OCR reward is served by the shipped scorer (docs/ocr_scorer.md), started before the run:
 
   pip install -r requirements-ocr.txt
   python -m glmrl.rewards.server --scorer=glmrl.rewards.scorers.ocr:read --port=8001
@@ -17,7 +17,7 @@ and passed as --config.decoder.rewards[0].kwargs.url=http://127.0.0.1:8001/score
 The split follows the GLM-Image report (AR: aesthetics and semantic alignment; decoder: detail and text
 accuracy). The rollout is prompts x 8 token grids x 4 decoder samples = 32 images per prompt: an AR group
 compares 8 grids (each scored by the mean of its 4 decoder samples, which share their noise across the
-grids), a decoder group compares the 4 samples of one grid (README "Decoder RL").
+grids), a decoder group compares the 4 samples of one grid (docs/decoder_rl.md).
 Decoder values follow Flow-GRPO's SD3.5 recipe (github.com/yifan123/flow_grpo, config/grpo.py and
 config/base.py): noise level 0.7, 10 training steps, clip range 1e-4, advantages clipped at 5, LoRA r=32
 alpha=64 at 3e-4; the SDE window of 2 steps at a random start is Flow-GRPO-Fast's (our choice of size).
@@ -25,7 +25,7 @@ The DiT is anchored to the base (its adapters off) by a KL of weight decoder.bet
 (config/grpo.py `general_ocr_sd3`, train.beta): OCR reward alone is hacked by drawing text over the image, and
 peers report OCR RL that destroys image content unless anchored (UniRL PR #407); the KL costs one more DiT forward
 per trained step (the adapters-off reference), --config.decoder.beta=0 drops it.
-Checked at full size with --mode=compile (README "What fits where"); not yet trained at full size.
+Checked at full size with --mode=compile (docs/reference/fits.md); not yet trained at full size.
 """
 
 from ml_collections import config_dict

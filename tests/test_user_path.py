@@ -198,7 +198,7 @@ def test_decoupled_run_as_two_processes_exports_adapters_that_peft_and_diffusers
       target_size=torch.tensor([[64.0, 64.0]]), crop_coords=torch.zeros((1, 2)), return_dict=False)
   with torch.no_grad():
     before = transformer(**inputs)[0]
-    # As the README shows it: diffusers 0.42's load_lora_adapter looks for a .bin unless told the file.
+    # As docs/conversion.md shows it: diffusers 0.42's load_lora_adapter looks for a .bin unless told the file.
     transformer.load_lora_adapter(str(exported / "adapters" / "transformer"),
                                   weight_name="pytorch_lora_weights.safetensors")
     after = transformer(**inputs)[0]

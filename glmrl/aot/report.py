@@ -146,7 +146,7 @@ def human_bytes(v: float) -> str:
 
 
 def table(report: dict) -> str:
-  """The report as a Markdown table (per-chip GiB), as the README shows it."""
+  """The report as a Markdown table (per-chip GiB), as compile_report.md and docs/reference/fits.md show it."""
   gib = lambda v: f"{v / 2**30:,.1f}"
   chips = f"{report['chips']} chips" if report["chips"] > 1 else "1 chip"
   hbm = report["hbm_bytes_per_chip"]

@@ -1,5 +1,5 @@
 """Line plots of metrics.jsonl (one metric against step, or several series on shared axes), drawn with PIL only
-(for the README)."""
+(for the docs' figures)."""
 
 import difflib
 import json

@@ -48,7 +48,8 @@ def test_tiny_configs_validate(name):
   setup.load_records(c)  # the bundled prompt files fit the mode
 
 
-# The README's "What fits where" rows, and the same shrunk by flags.
+# The slices the released recipes' compile reports were made for (docs/reference/fits.md, docs/benchmarks.md),
+# and the same shrunk by flags.
 SLICES = [("glm_image_t2i", 32, {}), ("glm_image_t2i", 256, {"mesh.fsdp": 128, "mesh.tensor": 2}),
           ("glm_image_t2i", 64, {}), ("glm_image_t2i", 4, {}), ("glm_image_t2i", 8, {}),
           ("glm_image_t2i_lora", 1, {}), ("glm_image_t2i_decoupled", 32, {"decoder.micro_batch_size": 32})]
@@ -58,7 +59,7 @@ SLICES = [("glm_image_t2i", 32, {}), ("glm_image_t2i", 256, {"mesh.fsdp": 128, "
 @pytest.mark.parametrize("shrink", [{}, {"data.prompts_per_step": 4}, {"data.prompts_per_step": 2},
                                     {"grpo.group_size": 8}])
 def test_released_configs_fit_every_listed_slice_unchanged_and_shrunk(name, chips, flags, shrink):
-  """The batch checks of a run (`run_plan.check_batch`) pass for the released configs on each slice the README lists,
+  """The batch checks of a run (`run_plan.check_batch`) pass for the released configs on each slice listed above,
   as shipped and shrunk by flags: `sampling.decode_batch` = 0 picks a chunk that fits every batch."""
   c = load(name)
   for key, value in {**flags, **shrink}.items():
@@ -109,7 +110,7 @@ def test_full_size_train_state_shapes():
   opt_state = jax.eval_shape(lambda p: optimizer.init(tx, p), trainable)
   # AdamW keeps two float32 moments per trained parameter.
   assert num_params(opt_state) == 2 * n_trainable + 2  # + the two step counters
-  # bfloat16 parameters add their float32 master copy (README: memory per parameter).
+  # bfloat16 parameters add their float32 master copy (docs/training.md: memory per trained parameter).
   trainable16 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16), trainable)
   opt_state16 = jax.eval_shape(lambda p: optimizer.init(tx, p), trainable16)
   assert num_params(opt_state16) == 3 * n_trainable + 2

@@ -66,7 +66,7 @@ def test_two_processes_train_resume_evaluate_and_generate_as_one_process_on_eigh
   # checkpoints, as 2 processes and as 1 process x 8 devices on a copy of the workdir.
   one = tmp_path / "one"
   shutil.copytree(multi, one)
-  # The README's eval command: the demo's 32 prompt tokens hold none of PartiPrompts' longer prompts.
+  # The eval command of docs/evaluation.md: the demo's 32 prompt tokens hold none of PartiPrompts' longer prompts.
   # Scored by brightness alone: the report's per-reward means and intervals would show the JPEG size's jumps.
   evaluate = (*(f for f in FLAGS if not f.startswith("--config.rewards=")), "--mode=eval", "--config.eval.benchmark=parti:2", "--config.eval.steps=0,2",
               "--config.data.max_prompt_tokens=64", "--config.rewards=({'name': 'brightness', 'weight': 1.0},)")

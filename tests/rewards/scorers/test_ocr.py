@@ -93,8 +93,8 @@ def test_text_accuracy_through_the_server_ranks_the_prompts_text_above_other_tex
 
 @pytest.fixture
 def served_ocr():
-  """`python -m glmrl.rewards.server --scorer=glmrl.rewards.scorers.ocr:read` (the README's command, any free port):
-  yields its URL and a function returning the request lines it logged so far."""
+  """`python -m glmrl.rewards.server --scorer=glmrl.rewards.scorers.ocr:read` (docs/ocr_scorer.md's command, any
+  free port): yields its URL and a function returning the request lines it logged so far."""
   server = subprocess.Popen([sys.executable, "-m", "glmrl.rewards.server", "--scorer=glmrl.rewards.scorers.ocr:read",
                              "--port=0", "--verbose"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -112,7 +112,7 @@ def served_ocr():
 
 
 def test_the_served_scorer_rewards_a_decoupled_runs_decoder_and_scores_the_ocr_benchmark(served_ocr, tmp_path):
-  """The decoupled recipe's decoder reward as its README section starts it (the tiny random model draws no text, so
+  """The decoupled recipe's decoder reward as docs/decoder_rl.md starts it (the tiny random model draws no text, so
   the reward is 0; the point is the path), then --mode=eval on 4 of the `ocr` benchmark's prompts with the OCR
   metrics, on the demo's initial model: a report per category."""
   url, posts = served_ocr

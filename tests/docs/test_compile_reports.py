@@ -1,0 +1,38 @@
+"""docs/reference/fits.md is generated from the committed --mode=compile reports (docs/compile_reports.py):
+the committed page is what the script writes from them now, and every committed report is a row it lists."""
+
+import glob
+import importlib.util
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _generator():
+  spec = importlib.util.spec_from_file_location("compile_reports", os.path.join(ROOT, "docs", "compile_reports.py"))
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # its dataclasses look their module up there
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_fits_page_is_generated_from_the_committed_reports():
+  gen = _generator()
+  with open(gen.OUT, encoding="utf-8") as f:
+    assert f.read() == gen.render(), "docs/reference/fits.md is stale: run python docs/compile_reports.py"
+
+
+def test_every_committed_report_is_a_listed_row():
+  gen = _generator()
+  rows = {row.name: row for row in gen.ROWS}
+  reports = sorted(glob.glob(os.path.join(gen.REPORTS, "*.json")))
+  assert reports, "no compile report is committed"
+  for path in reports:
+    name = os.path.basename(path)[:-len(".json")]
+    assert name in rows, f"{path} is no row of docs/compile_reports.py"
+    with open(path) as f:
+      report = json.load(f)
+    assert report["topology"] == rows[name].topology
+    assert f"## {rows[name].config} on {rows[name].topology}" in gen.render()
