@@ -2,7 +2,7 @@
 released recipes, against the hardware's limits and diffusers.
 
     python bench/fullsize.py [--size=full] [--stages=train,ar,dit] [--out=DIR]
-    python bench/fullsize.py --size=tiny          # every stage on a CPU in seconds (tests/bench/test_fullsize.py)
+    python bench/fullsize.py --size=tiny          # every stage on a CPU, about two minutes (tests/bench/test_fullsize.py)
 
 The models have the released configs' sizes (`glm_image.preset_configs("full")`) and random weights made on the
 device in the recipes' dtypes (bfloat16: the LoRA recipes' frozen bases); no checkpoint is read. Stages:
