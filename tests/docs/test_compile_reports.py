@@ -2,20 +2,13 @@
 the committed page is what the script writes from them now, and every committed report is a row it lists."""
 
 import glob
-import importlib.util
 import json
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from tests.docs import scripts
 
 def _generator():
-  spec = importlib.util.spec_from_file_location("compile_reports", os.path.join(ROOT, "docs", "compile_reports.py"))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # its dataclasses look their module up there
-  spec.loader.exec_module(module)
-  return module
+  return scripts.load("compile_reports")
 
 
 def test_fits_page_is_generated_from_the_committed_reports():

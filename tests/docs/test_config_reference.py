@@ -1,20 +1,11 @@
 """docs/reference/config.md is generated from configs/common.py (docs/gen_config_reference.py): every key of
 `configs.common.base_config()` has a comment there, and the committed page is what the script writes now."""
 
-import importlib.util
-import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from tests.docs import scripts
 
 def _generator():
-  spec = importlib.util.spec_from_file_location("gen_config_reference",
-                                                os.path.join(ROOT, "docs", "gen_config_reference.py"))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # its dataclasses look their module up there
-  spec.loader.exec_module(module)
-  return module
+  return scripts.load("gen_config_reference")
 
 
 def test_every_key_has_a_comment_and_the_page_is_current():
