@@ -7,6 +7,7 @@ import os
 
 from tests.docs import scripts
 
+
 def _generator():
   return scripts.load("compile_reports")
 

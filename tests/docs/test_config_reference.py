@@ -1,8 +1,8 @@
 """docs/reference/config.md is generated from configs/common.py (docs/gen_config_reference.py): every key of
 `configs.common.base_config()` has a comment there, and the committed page is what the script writes now."""
 
-
 from tests.docs import scripts
+
 
 def _generator():
   return scripts.load("gen_config_reference")
