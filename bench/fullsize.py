@@ -2,7 +2,7 @@
 released recipes, against the hardware's limits and diffusers.
 
     python bench/fullsize.py [--size=full] [--stages=train,ar,dit] [--out=DIR]
-    python bench/fullsize.py --size=tiny          # every stage on a CPU, about two minutes (tests/bench/test_fullsize.py)
+    python bench/fullsize.py --size=tiny   # every stage on a CPU, about two minutes (tests/bench/test_fullsize.py)
 
 The models have the released configs' sizes (`glm_image.preset_configs("full")`) and random weights made on the
 device in the recipes' dtypes (bfloat16: the LoRA recipes' frozen bases); no checkpoint is read. Stages:
@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -124,8 +126,7 @@ def table(header: list[str], rows: list[list]) -> str:
 
 # ------------------------------------------------------------------------------------------------ models
 def run_config(args, recipe: str = "lora"):
-  sys.path.insert(0, os.path.join(ROOT, "bench"))
-  import fullsize_recipe  # pylint: disable=import-outside-toplevel
+  from bench import fullsize_recipe  # pylint: disable=import-outside-toplevel
 
   return fullsize_recipe.get_config(recipe + args.recipe_suffix)
 
@@ -171,7 +172,7 @@ def ar_stage(args, hbm) -> list[dict]:
     prepared = pipeline.prepare([texts[i % len(texts)] for i in range(b)])
     layout = prepared.batch.layout
     n_new, prompt_len = layout.num_new_tokens, prepared.input_ids.shape[1]
-    calls = iter(range(10**6))
+    calls = itertools.count()
 
     def sample():
       keys = jax.random.split(jax.random.key(next(calls)), b)
@@ -230,8 +231,8 @@ def dit_stage(args, flops_peak) -> dict:
   pipeline, _ = build_pipeline(args, ("dit", "vae"))
   spec = pipeline.spec
   cond, latents, size, crop = dit_inputs(pipeline, args.dit_batch)
-  t = float(pipeline.schedule(args.dit_steps)[0][0])
   timesteps, sigmas = pipeline.schedule(args.dit_steps)
+  t = float(timesteps[0])
   vae_def, vae_state = pipeline.models["vae"]
   dit_state = pipeline.models["dit"][1]
   out = dict(batch=args.dit_batch, height=spec.height, width=spec.width, steps=args.dit_steps,
@@ -330,8 +331,9 @@ def print_dit(out):
   for impl, r in out["kernels"].items():
     vs = f"{ref['step_s'] / r['step_s']:.2f}x" if isinstance(ref, dict) else "n/a"
     diff = f"{ref['max_abs_diff'][impl]:.2e} (of {ref['max_abs']:.2f})" if isinstance(ref, dict) else "n/a"
-    rows.append([impl, f"{r['step_s'] * 1e3:.1f}", f"{r['step_mfu_pct']:.0f}%" if "step_mfu_pct" in r else "n/a", vs, diff,
-                 f"{r['decode_s']:.2f}", f"{r['step_compile_s']:.1f} / {r['decode_compile_s']:.1f}"])
+    mfu = f"{r['step_mfu_pct']:.0f}%" if "step_mfu_pct" in r else "n/a"
+    rows.append([impl, f"{r['step_s'] * 1e3:.1f}", mfu, vs, diff, f"{r['decode_s']:.2f}",
+                 f"{r['step_compile_s']:.1f} / {r['decode_compile_s']:.1f}"])
   if isinstance(ref, dict):
     rows.append([f"diffusers ({ref['device']})", f"{ref['step_s'] * 1e3:.1f}", "", "1.00x", "", "", ""])
   print(table(["kernel", "CFG step ms", "MFU", "diffusers / it", "max diff to diffusers",
@@ -344,9 +346,9 @@ def print_dit(out):
 STAGE_KEYS = ("time/sampling", "time/decode", "time/reward", "time/update", "time/step", "memory/peak_gib")
 
 
-def train_flags(args, recipe: str) -> list[str]:
-  """main.py flags of one recipe at `--prompts` x `--group` (micro-batches no larger than the batch)."""
-  config = run_config(args, recipe)
+def train_flags(args, config, recipe: str) -> list[str]:
+  """main.py flags of one recipe (`config`: its bench config) at `--prompts` x `--group` (micro-batches no larger
+  than the batch)."""
   flags = [f"--config={os.path.join(ROOT, 'bench', 'fullsize_recipe.py')}:{recipe}{args.recipe_suffix}",
            f"--config.data.prompts_per_step={args.prompts}", f"--config.grpo.group_size={args.group}",
            f"--config.train.num_steps={args.train_steps}", f"--config.sampling.dit_steps={args.train_dit_steps}",
@@ -364,10 +366,11 @@ def train_flags(args, recipe: str) -> list[str]:
 def train_stage(args) -> dict:
   out = {}
   for recipe in [r for r in args.recipes.split(",") if r]:
+    config = run_config(args, recipe)
     workdir = os.path.join(args.out, f"train_{recipe}")
-    if os.path.isdir(workdir):
-      subprocess.run(["rm", "-rf", workdir], check=True)
-    command = [sys.executable, os.path.join(ROOT, "main.py"), *train_flags(args, recipe), f"--workdir={workdir}"]
+    shutil.rmtree(workdir, ignore_errors=True)
+    command = [sys.executable, os.path.join(ROOT, "main.py"), *train_flags(args, config, recipe),
+               f"--workdir={workdir}"]
     print("$", " ".join(command), flush=True)
     t0 = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -382,7 +385,7 @@ def train_stage(args) -> dict:
     last = steps[-1]
     out[recipe] = dict(wall_s=wall, steps=len(steps), first_step_s=steps[0]["time/step"],
                        images=args.prompts * args.group * (
-                           run_config(args, recipe).decoder.group_size if recipe == "decoupled" else 1),
+                           config.decoder.group_size if "decoder" in config.train.policies else 1),
                        **{k: last[k] for k in STAGE_KEYS if k in last})
   return out
 
