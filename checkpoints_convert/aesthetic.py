@@ -21,6 +21,7 @@ from checkpoints_convert.torch_files import read_state_dict
 from glmrl.checkpoint.params import flatten
 from glmrl.errors import run_command
 from glmrl.models.clip.aesthetic import AestheticConfig, AestheticHead
+from glmrl.models.init_rngs import InitRngs
 
 def config_from_state(state: dict[str, np.ndarray], where: str) -> AestheticConfig:
   """Widths read from the published layout's Linear weights ([out, in])."""
@@ -38,7 +39,7 @@ def config_from_state(state: dict[str, np.ndarray], where: str) -> AestheticConf
 
 def plan(state: dict[str, np.ndarray], cfg: AestheticConfig, where: str) -> dict[str, np.ndarray]:
   """{flax path: array} for every head parameter; one ValueError lists every problem."""
-  expected = flatten(nnx.state(nnx.eval_shape(lambda: AestheticHead(cfg, rngs=nnx.Rngs(0))), nnx.Param))
+  expected = flatten(nnx.state(nnx.eval_shape(lambda: AestheticHead(cfg, rngs=InitRngs(0))), nnx.Param))
   return hf_to_flax.plan_state_dict(state, KeyMap(AESTHETIC_RULES), expected, where)
 
 

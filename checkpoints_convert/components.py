@@ -17,6 +17,7 @@ from flax import nnx
 
 from checkpoints_convert import rules as rules_lib
 from glmrl.checkpoint import params as params_lib
+from glmrl.models.init_rngs import InitRngs
 
 MODEL_INDEX = "model_index.json"
 # Non-weight folders of the pipeline, copied verbatim in both directions.
@@ -65,7 +66,7 @@ class Component:
   def build_abstract(self, cfg):
     """The model with ShapeDtypeStruct leaves (nothing allocated)."""
     model_cls = self.model_class()
-    return nnx.eval_shape(lambda: model_cls(cfg, rngs=nnx.Rngs(0)))
+    return nnx.eval_shape(lambda: model_cls(cfg, rngs=InitRngs(0)))
 
   def build(self, cfg):
     """(graphdef, abstract Param state, concrete non-Param state) of the model.
@@ -77,7 +78,7 @@ class Component:
     abstract = self.build_abstract(cfg)
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
     if jax.tree.leaves(rest):
-      rest = jax.jit(lambda: nnx.split(model_cls(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)[2])()
+      rest = jax.jit(lambda: nnx.split(model_cls(cfg, rngs=InitRngs(0)), nnx.Param, ...)[2])()
     return graphdef, params, rest
 
 

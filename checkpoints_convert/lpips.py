@@ -28,6 +28,7 @@ from glmrl.checkpoint.params import flatten
 from glmrl.errors import run_command
 from glmrl.models.vgg import CONVS_PER_BLOCK, VGG16Config, torchvision_conv_indices
 from glmrl.models.lpips import LPIPS, LPIPSConfig
+from glmrl.models.init_rngs import InitRngs
 
 
 def config_from_vgg(state: dict[str, np.ndarray], where: str) -> LPIPSConfig:
@@ -48,7 +49,7 @@ def config_from_vgg(state: dict[str, np.ndarray], where: str) -> LPIPSConfig:
 
 def plan(state: dict[str, np.ndarray], cfg: LPIPSConfig, where: str) -> dict[str, np.ndarray]:
   """{flax path: array} for every LPIPS parameter; one ValueError lists every problem."""
-  expected = flatten(nnx.state(nnx.eval_shape(lambda: LPIPS(cfg, rngs=nnx.Rngs(0))), nnx.Param))
+  expected = flatten(nnx.state(nnx.eval_shape(lambda: LPIPS(cfg, rngs=InitRngs(0))), nnx.Param))
   return hf_to_flax.plan_state_dict(state, KeyMap(lpips_map.RULES), expected, where)
 
 

@@ -124,11 +124,6 @@ def batch_devices(mesh) -> int:
   return int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.axis_names]))
 
 
-def batch_sharding(mesh, ndim: int):
-  """Leading (batch) dimension over data x fsdp, the rest replicated."""
-  return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
-
-
 def constrain_batch(x: jax.Array, batch_axis: int = 0) -> jax.Array:
   """`x` with its batch axis split over data x fsdp, inside a `jax.set_mesh` context (else as is).
 

@@ -7,18 +7,18 @@ import jax
 import pytest
 
 from glmrl import compilation_cache
-from tests.test_main import run_main
+from tests.cli import run_main
 
 
 def test_a_second_run_loads_every_program_the_first_compiled(tmp_path):
   cache = tmp_path / "cache"
   flags = ("--config=configs/demo.py", "--mode=generate", "--config.grpo.group_size=2", f"--compilation_cache={cache}")
-  first = run_main(*flags, tmp_path=tmp_path / "a", timeout=300)
+  first = run_main(*flags, tmp_path=tmp_path / "a")
   assert first.returncode == 0, first.stderr[-3000:]
   assert os.listdir(cache) == ["processes_1"]  # one folder per process count (`compilation_cache.layout_folder`)
   entries = set(os.listdir(cache / "processes_1"))
   assert len(entries) >= 3  # the sampler, the denoise + decode loop, the glyph encoder at least
-  second = run_main(*flags, tmp_path=tmp_path / "b", timeout=300)
+  second = run_main(*flags, tmp_path=tmp_path / "b")
   assert second.returncode == 0, second.stderr[-3000:]
   assert set(os.listdir(cache / "processes_1")) == entries  # nothing compiled anew: every program was a cache hit
 

@@ -5,31 +5,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_main(*args, tmp_path, timeout=120):
-  cmd = [sys.executable, os.path.join(ROOT, "main.py"), f"--workdir={tmp_path}", *args]
-  start = time.perf_counter()
-  result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-  result.seconds = time.perf_counter() - start
-  return result
-
-
-def assert_one_line_error(result, message, within: float | None = 30):
-  """Exit status 2, the message on stderr's single 'error:' line, no traceback, within `within` seconds (an error
-  before any work; None for one that ends a run after its first steps)."""
-  output = result.stderr + result.stdout
-  assert result.returncode == 2, output[-3000:]
-  errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-  assert len(errors) == 1 and message in errors[0], output[-3000:]
-  assert "Traceback" not in output, output[-3000:]
-  assert within is None or result.seconds < within, f"{result.seconds:.0f} s before the error"
-
+from tests.cli import MAIN, ROOT, TIMEOUT_S, assert_one_line_error, main_in_process, run_main
 
 @pytest.mark.parametrize("override,message", [
     ("--config.grpo.nope=1", "unknown config key 'nope' in --config.grpo.nope=1"),
@@ -100,7 +79,7 @@ def assert_one_line_error(result, message, within: float | None = 30):
 ])
 def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_path):
   work = tmp_path / "work"
-  result = run_main("--config=configs/demo.py", override, tmp_path=work)
+  result = main_in_process("--config=configs/demo.py", override, tmp_path=work)
   assert_one_line_error(result, message)
   assert not work.exists()  # nothing was started, not even the folder
 
@@ -130,7 +109,7 @@ def test_bad_decoder_settings_fail_in_one_line_before_any_work(flags, message, t
   """(And the evaluation's detector that refuses: GenEval on its benchmark, the training prompts unread.)"""
   work = tmp_path / "work"
   config = () if any(f.startswith("--config=") for f in flags) else ("--config=configs/demo_decoder.py",)
-  result = run_main(*config, *flags, tmp_path=work)
+  result = main_in_process(*config, *flags, tmp_path=work)
   assert_one_line_error(result, message)
   assert not work.exists()
 
@@ -162,7 +141,7 @@ def test_bad_config_file_fails_in_one_line(config_text, arg, message, tmp_path):
     (tmp_path / "my_config.py").write_text(config_text)
     arg = f"--config={tmp_path / 'my_config.py'}"
   work = tmp_path / "work"
-  assert_one_line_error(run_main(arg, tmp_path=work), message)
+  assert_one_line_error(main_in_process(arg, tmp_path=work), message)
   assert not work.exists()
 
 
@@ -170,9 +149,25 @@ def test_bad_config_file_fails_in_one_line(config_text, arg, message, tmp_path):
     ("", "--workdir is empty"), ("a_file", "a_file: is a file, not a folder")])
 def test_bad_workdir_fails_in_one_line(workdir, message, tmp_path):
   (tmp_path / "a_file").write_text("")
-  result = run_main(f"--workdir={workdir and tmp_path / workdir}", tmp_path=tmp_path / "unused")
+  result = main_in_process(f"--workdir={workdir and tmp_path / workdir}", tmp_path=tmp_path / "unused")
   assert_one_line_error(result, message)
   assert os.listdir(tmp_path) == ["a_file"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--config=configs/demo.py", "--config.grpo.nope=1"), "unknown config key 'nope' in --config.grpo.nope=1"),
+    (("--config=configs/demo.py", "--config.grpo.group_size=1"), "config.grpo.group_size=1: must be at least 2"),
+    (("--config=configs/nosuch.py",), "--config=configs/nosuch.py: no such file"),
+    (("--config=configs/demo_decoder.py", "--use_ema", "--mode=generate"),
+     "--use_ema=True: the run keeps no moving average"),
+], ids=["flag", "config_check", "config_file", "mode_flag"])
+def test_main_py_as_a_process_ends_bad_input_in_one_line(args, message, tmp_path):
+  """The cases above run main.py's `__main__` in the test's process (tests/cli.py); these launch `python main.py`
+  as users do, one per stage that refuses (absl's parser, the config file, the config checks, main's own flags):
+  exit status 2, the one line, nothing written."""
+  work = tmp_path / "work"
+  assert_one_line_error(run_main(*args, tmp_path=work), message)
+  assert not work.exists()
 
 
 def _garbage_step(work):
@@ -191,7 +186,8 @@ def test_a_workdir_holding_the_wrong_things_fails_in_one_line_and_is_left_as_it_
   work.mkdir()
   make(work)
   before = sorted(str(p.relative_to(work)) for p in work.rglob("*"))
-  assert_one_line_error(run_main("--config=configs/demo.py", "--config.train.num_steps=2", tmp_path=work), message)
+  assert_one_line_error(main_in_process("--config=configs/demo.py", "--config.train.num_steps=2", tmp_path=work),
+                        message)
   assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == before
 
 
@@ -199,7 +195,7 @@ def test_a_workdir_holding_the_wrong_things_fails_in_one_line_and_is_left_as_it_
     ("configs/demo.py", "--config.lora.targets=nomatch", "GlmImageAR"),
     ("configs/demo_decoder.py", "--config.decoder.lora.targets=nomatch", "GlmImageDiT")])
 def test_lora_targets_that_match_nothing_fail_before_any_weight_is_made(config, flag, model, tmp_path):
-  result = run_main(f"--config={config}", "--config.lora.rank=4", flag, tmp_path=tmp_path)
+  result = main_in_process(f"--config={config}", "--config.lora.rank=4", flag, tmp_path=tmp_path)
   assert_one_line_error(result, f"lora target 'nomatch' matches no linear layer of {model}")
   assert "loading" not in result.stderr  # checked on the abstract model, before any component is built
   assert not os.listdir(tmp_path)
@@ -209,12 +205,12 @@ def test_bad_prompt_file_names_file_and_line(tmp_path):
   prompts = tmp_path / "prompts.jsonl"
   prompts.write_text('{"prompt": "a cat"}\n{"prompt": "a dog",}\n')
   work = tmp_path / "work"
-  result = run_main("--config=configs/demo.py", f"--config.data.prompts_file={prompts}", tmp_path=work)
+  result = main_in_process("--config=configs/demo.py", f"--config.data.prompts_file={prompts}", tmp_path=work)
   assert_one_line_error(result, f"{prompts}:2: bad JSON")
   assert not work.exists()
   # One 2 MB word: the demo's tokenizer (built from the prompts' words) reads it as one token.
   prompts.write_text('{"prompt": "a cat"}\n{"prompt": "' + "x" * 2_000_000 + '"}\n')
-  result = run_main("--config=configs/demo.py", f"--config.data.prompts_file={prompts}", tmp_path=work)
+  result = main_in_process("--config=configs/demo.py", f"--config.data.prompts_file={prompts}", tmp_path=work)
   assert_one_line_error(result, f"{prompts}:2: the prompt has 2000000 characters, more than "
                                 "config.data.max_prompt_tokens=")
 
@@ -222,20 +218,20 @@ def test_bad_prompt_file_names_file_and_line(tmp_path):
 @pytest.mark.parametrize("config,prompts", [("configs/glm_image_t2i.py", "configs/data/demo_prompts.txt"),
                                             ("configs/glm_image_i2i.py", "configs/data/i2i_demo.jsonl")])
 def test_released_configs_take_their_required_values_from_flags(config, prompts, tmp_path):
-  result = run_main(f"--config={config}", tmp_path=tmp_path)
+  result = main_in_process(f"--config={config}", tmp_path=tmp_path)
   assert_one_line_error(result, "config.model.checkpoint_dir is required but has no value "
                                 "(pass --config.model.checkpoint_dir=...)")
-  result = run_main(f"--config={config}", f"--config.model.checkpoint_dir={tmp_path}", tmp_path=tmp_path)
+  result = main_in_process(f"--config={config}", f"--config.model.checkpoint_dir={tmp_path}", tmp_path=tmp_path)
   assert_one_line_error(result, "config.data.prompts_file is required")
-  result = run_main(f"--config={config}", f"--config.model.checkpoint_dir={tmp_path}",
+  result = main_in_process(f"--config={config}", f"--config.model.checkpoint_dir={tmp_path}",
                     f"--config.data.prompts_file={prompts}", tmp_path=tmp_path)
   # The values were taken: what stops the run now is the empty folder standing in for a checkpoint.
   assert_one_line_error(result, f"{tmp_path}/vision_language_encoder/config.json not found")
 
 
 def test_help_points_to_the_keys_and_what_each_mode_writes(tmp_path):
-  result = subprocess.run([sys.executable, "main.py", "--help"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+  result = subprocess.run([sys.executable, MAIN, "--help"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=TIMEOUT_S)
   assert result.returncode == 0
   for text in ("configs/common.py", "checkpoints/<step>/", "generate/", "metrics.jsonl", "143", "config.eval.benchmark",
                "config.eval.steps", "index.html"):
@@ -247,11 +243,11 @@ def _rows(workdir):
 
 
 def test_a_workdir_in_use_by_another_run_is_refused(tmp_path):
-  holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+  holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
   try:
     (tmp_path / "lock.json").write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid,
                                                     "started": "2026-11-24 08:00:00"}))
-    result = run_main("--config=configs/demo.py", tmp_path=tmp_path)
+    result = main_in_process("--config=configs/demo.py", tmp_path=tmp_path)
   finally:
     holder.kill()
     holder.wait()
@@ -268,7 +264,7 @@ def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_pa
   gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
   (tmp_path / "lock.json").write_text(json.dumps({"host": socket.gethostname(), "pid": int(gone.stdout),
                                                   "started": "2026-11-24 08:00:00"}))
-  first = run_main(*args, "--config.train.num_steps=3", tmp_path=tmp_path, timeout=600)
+  first = run_main(*args, "--config.train.num_steps=3", tmp_path=tmp_path)
   assert first.returncode == 0, first.stderr[-3000:]
   assert "taking over" in first.stderr and not (tmp_path / "lock.json").exists()
   assert json.loads((tmp_path / "config.json").read_text())["train"]["num_steps"] == 3
@@ -294,7 +290,7 @@ def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_pa
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write(json.dumps({"step": 4, "reward/mean": 0.0}) + "\n")
   # The workdir's config.py gives the run's resolved config back: it extends the run as the flags did.
-  more = run_main(f"--config={tmp_path / 'config.py'}", "--config.train.num_steps=4", tmp_path=tmp_path, timeout=600)
+  more = run_main(f"--config={tmp_path / 'config.py'}", "--config.train.num_steps=4", tmp_path=tmp_path)
   assert more.returncode == 0, more.stderr[-3000:]
   assert "done: 1 step (step 4) in" in more.stderr, more.stderr[-3000:]
   # Resumed with another prompts file: one line before any model, naming the file and what differs.
@@ -337,8 +333,8 @@ def test_a_reward_server_that_stops_answering_ends_the_run_in_one_line_with_its_
              "'retries': 1, 'backoff_s': 0.0, 'chunk_size': 64}},)")
   args = ("--config=configs/demo.py", rewards, "--config.checkpoint.save_interval=10", "--config.log.image_interval=0")
   try:
-    result = run_main(*args, "--config.train.num_steps=4", tmp_path=tmp_path, timeout=600)
-    assert_one_line_error(result, f"reward server {server.url} (images 0..", within=None)
+    result = run_main(*args, "--config.train.num_steps=4", tmp_path=tmp_path)
+    assert_one_line_error(result, f"reward server {server.url} (images 0..", before_any_work=False)
     assert "RuntimeError: scorer lost its GPU" in result.stderr
     assert f"step 2 is saved in {tmp_path / 'checkpoints'}: rerun once the server answers" in result.stderr
     assert "attempt 1 of 2 failed" in result.stderr  # the retry said so
@@ -355,7 +351,7 @@ def test_demo_with_lora_adapters_learns(tmp_path):
   result = run_main("--config=configs/demo.py", "--config.lora.rank=4", "--config.lora.alpha=8",
                     "--config.optim.learning_rate=1e-2", "--config.train.num_steps=30",
                     "--config.checkpoint.save_interval=100", "--config.log.image_interval=0",
-                    tmp_path=tmp_path, timeout=600)
+                    tmp_path=tmp_path)
   assert result.returncode == 0, (result.stderr + result.stdout)[-3000:]
   assert "LoRA rank 4" in result.stderr
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -368,7 +364,7 @@ def test_a_run_that_cannot_learn_says_so(tmp_path):
   """Rewards equal within every group (grpo.std_eps above their spread): zero advantages and gradients for
   five steps in a row end in a warning each, and the streaks are metrics."""
   result = run_main("--config=configs/demo.py", "--config.train.num_steps=5", "--config.grpo.std_eps=0.9",
-                    "--config.log.image_interval=0", tmp_path=tmp_path, timeout=600)
+                    "--config.log.image_interval=0", tmp_path=tmp_path)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "policy no_signal: every group's rewards are equal" in result.stderr
   assert "policy zero_grad: the gradient is exactly zero" in result.stderr

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures import released_folder
-from tests.test_main import ROOT
+from tests.cli import ROOT
 from tests.train.processes import launch, pod_and_single
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 
-import jax
+from glmrl import distributed
 
 
 def write_text_atomic(path: str, text: str) -> None:
   """Writes through a temporary file and a rename, so a reader never sees half a file (process 0 of a
   multi-process run writes the run's records; the others hold the same values)."""
-  if jax.process_index():
+  if not distributed.is_main():
     return
   tmp = f"{path}.tmp"
   with open(tmp, "w") as f:

@@ -14,9 +14,9 @@ import os
 import socket
 import time
 
-import jax
 from absl import logging
 
+from glmrl import distributed
 from glmrl.errors import UserError
 
 LOCK_FILE = "lock.json"
@@ -58,7 +58,7 @@ class WorkdirLock:
     return True
 
   def __enter__(self) -> "WorkdirLock":
-    if jax.process_index():
+    if not distributed.is_main():
       return self
     os.makedirs(self.workdir, exist_ok=True)
     me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -19,6 +19,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
+from glmrl.models.init_rngs import InitRngs
+
 # Where a component's parameter pytree lives inside its converted folder.
 PARAMS_DIR = "params"
 CONFIG_NAME = "config.json"
@@ -180,7 +182,7 @@ def load_module(directory: str, config_cls, module_cls, sharding=None, *, how_to
   cfg = read_config(directory, config_cls.from_hf, how_to_make)
   if config_overrides:
     cfg = dataclasses.replace(cfg, **config_overrides)
-  graphdef, abstract, rest = nnx.split(nnx.eval_shape(lambda: module_cls(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)
+  graphdef, abstract, rest = nnx.split(nnx.eval_shape(lambda: module_cls(cfg, rngs=InitRngs(0))), nnx.Param, ...)
   if jax.tree.leaves(rest):
-    rest = jax.jit(lambda: nnx.split(module_cls(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)[2])()
+    rest = jax.jit(lambda: nnx.split(module_cls(cfg, rngs=InitRngs(0)), nnx.Param, ...)[2])()
   return nnx.merge(graphdef, restore_params(directory, abstract, sharding or first_device()), rest)

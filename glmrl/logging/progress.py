@@ -26,9 +26,9 @@ POLICY_PREFIXES = ("", "ar/", "decoder/")
 
 def console(line: str) -> None:
   """A line for the person watching (stderr, process 0 alone), without the log prefix of absl's records."""
-  import jax
+  from glmrl import distributed  # pylint: disable=import-outside-toplevel  (jax: only once a line is printed)
 
-  if not jax.process_index():
+  if distributed.is_main():
     print(line, file=sys.stderr, flush=True)
 
 

@@ -25,6 +25,7 @@ from glmrl.models.dit.config import DiTConfig
 from glmrl.models.dit.model import GlmImageDiT
 from glmrl.models.glyph.config import T5EncoderConfig
 from glmrl.models.glyph.t5 import T5Encoder
+from glmrl.models.init_rngs import InitRngs
 from glmrl.models.vae.config import VAEConfig
 from glmrl.models.vae.model import AutoencoderKL
 from glmrl.models.scheduler import SchedulerConfig
@@ -137,7 +138,7 @@ def with_dtypes(configs: GlmImageConfigs, *, param_dtype, compute_dtype, remat: 
 def abstract_model(name: str, cfg):
   """(graphdef, abstract param state) of one component, no memory allocated."""
   _, cls = COMPONENTS[name]
-  model = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: cls(cfg, rngs=InitRngs(0)))
   graphdef, state = nnx.split(model)
   return graphdef, state
 
@@ -152,7 +153,7 @@ def init_params(name: str, cfg, seed: int, shardings):
   _, cls = COMPONENTS[name]
 
   def init():
-    return nnx.split(cls(cfg, rngs=nnx.Rngs(seed)))[1]
+    return nnx.split(cls(cfg, rngs=InitRngs(seed)))[1]
 
   lowered = jax.jit(init, out_shardings=shardings).lower()
   options = _CPU_INIT_OPTIONS if jax.default_backend() == "cpu" else None

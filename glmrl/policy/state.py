@@ -21,6 +21,7 @@ from flax import nnx
 from glmrl import sharding as sharding_lib
 from glmrl.checkpoint.fingerprint import fingerprint
 from glmrl.models import lora as lora_lib
+from glmrl.models.init_rngs import InitRngs
 from glmrl.policy import accumulate
 from glmrl.policy import ema as ema_lib
 from glmrl.policy import optimizer as optimizer_lib
@@ -115,7 +116,7 @@ def build_state(policy: Policy, config, model: tuple, mesh, *, abstract: bool = 
   graphdef, state = model
   lora = settings.lora
   if lora.enabled:
-    rngs = lambda: nnx.Rngs(params=jax.random.fold_in(jax.random.key(config.seed), policy.salt))
+    rngs = lambda: InitRngs(jax.random.fold_in(jax.random.key(config.seed), policy.salt))
     if abstract:
       with_adapters = nnx.eval_shape(lambda s: lora_lib.apply_lora(nnx.merge(graphdef, s), lora, rngs()), state)
       graphdef, trainable, frozen = nnx.split(with_adapters, lora_lib.LoraParam, ...)

@@ -11,6 +11,7 @@ import numpy as np
 from absl import logging
 from PIL import Image
 
+from glmrl import distributed
 from glmrl.checkpoint.atomic import write_json_atomic, write_text_atomic
 from glmrl.checkpoint.manager import saved_steps
 from glmrl.errors import UserError
@@ -120,7 +121,7 @@ def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
     for step in steps:
       params = run.sampling_params() if step == 0 else restored_params(run, workdir, use_ema, step)[0]
       # Process 0 writes the page's images and the reports (every process samples its shards).
-      first = os.path.join(workdir, "eval", "images", str(step)) if jax.process_index() == 0 else None
+      first = os.path.join(workdir, "eval", "images", str(step)) if distributed.is_main() else None
       thumbs = []
       per_image, images, prompts = score(run, params, first, thumbs)
       # How far each image moved from the first listed checkpoint's at the same prompt and seed.
@@ -135,7 +136,7 @@ def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
     writer.close()
   categories = [str(r.metadata.get("category", "all")) for r in run.eval_records]
   result = report_lib.compare(scores, categories, cfg.eval.seed, prompts=[r.prompt for r in run.eval_records])
-  if jax.process_index():
+  if not distributed.is_main():
     return result
   out_dir = os.path.join(workdir, "eval")
   os.makedirs(out_dir, exist_ok=True)

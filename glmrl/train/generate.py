@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import os
 
-import jax
 import numpy as np
 from absl import logging
 from PIL import Image
 
+from glmrl import distributed
 from glmrl.logging import make_grid
 from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib
@@ -73,7 +73,7 @@ def generate(config, workdir: str, use_ema: bool = False) -> dict:
   records = run.eval_records or run.records
   params, step = restored_params(run, workdir, use_ema)
   samples = sample_records(run, records, params)
-  if jax.process_index():  # every process sampled its shards; process 0 writes
+  if not distributed.is_main():  # every process sampled its shards; process 0 writes
     return {"step": step}
   paths = write_outputs(os.path.join(workdir, "generate"), samples, [r.prompt for r in records], run.group_size,
                         step)

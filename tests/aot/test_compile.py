@@ -22,7 +22,7 @@ from glmrl.aot import report as report_lib  # noqa: E402
 from glmrl.aot import topology  # noqa: E402
 from glmrl.errors import UserError  # noqa: E402
 from glmrl.sampling import rollout_weights  # noqa: E402
-from tests.test_main import run_main  # noqa: E402
+from tests.cli import run_main  # noqa: E402
 from tests.train.common import tiny_config  # noqa: E402
 
 

@@ -15,16 +15,16 @@ import numpy as np
 from PIL import Image
 
 from glmrl.evaluation import stats
-from tests.test_main import assert_one_line_error, run_main
+from tests.cli import assert_one_line_error, run_main
 
 
 def test_eval_compares_checkpoints_with_paired_intervals(tmp_path):
   workdir = tmp_path / "run"
   flags = ("--config=configs/demo.py", "--config.train.num_steps=2", "--config.checkpoint.save_interval=2")
-  out = run_main(*flags, tmp_path=workdir, timeout=600)
+  out = run_main(*flags, tmp_path=workdir)
   assert out.returncode == 0, out.stderr[-3000:]
   out = run_main(*flags, "--mode=eval", "--config.eval.benchmark=parti:4", "--config.eval.steps=0,2",
-                 tmp_path=workdir, timeout=600)
+                 tmp_path=workdir)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "read only" not in out.stderr  # Orbax's note on opening the checkpoints read-only is not the user's
   report = json.loads((workdir / "eval" / "report.json").read_text())

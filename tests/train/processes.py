@@ -10,7 +10,7 @@ import tempfile
 
 import numpy as np
 
-from tests.test_main import ROOT
+from tests.cli import ROOT
 
 
 def env(devices: int) -> dict:

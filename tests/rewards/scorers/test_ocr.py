@@ -17,7 +17,7 @@ from glmrl import rewards
 from glmrl.rewards import server as server_lib
 from glmrl.rewards.ocr_metrics import word_accuracy
 from glmrl.rewards.scorers import ocr
-from tests.test_main import ROOT, run_main
+from tests.cli import ROOT, run_main
 
 FONT_FILES = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/truetype/dejavu/DejaVuSerif.ttf",
               "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf")
