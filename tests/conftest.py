@@ -21,12 +21,23 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
 
 @pytest.fixture(scope="session")
-def tiny_released(tmp_path_factory):
-  """(hf_dir, converted_dir): a complete tiny GLM-Image folder in the released layout and its conversion
-  (tests/fixtures/released_folder.py); converted_dir is what --config.model.checkpoint_dir takes."""
+def tiny_released(shared_runs):
+  """(hf_dir, converted_dir): a complete tiny GLM-Image folder in the released layout and its conversion by the
+  command line (tests/fixtures/released_folder.py), made once per session; converted_dir is what
+  --config.model.checkpoint_dir takes. Read only: a test that writes copies it."""
   from tests.fixtures.released_folder import write_converted
 
-  return write_converted(tmp_path_factory.mktemp("tiny_released"))
+  root = shared_runs("tiny_released", write_converted)
+  return root / "hf", root / "converted"
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+  """(name, make) -> the folder `make(folder)` filled, made once per session across pytest-xdist's workers
+  (tests/shared_runs.py)."""
+  from tests.shared_runs import SharedRuns
+
+  return SharedRuns(tmp_path_factory)
 
 
 @pytest.fixture
@@ -50,12 +61,20 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "--lazy", str(point)], check=False)  # detached even if a file there is still open
 
 
-# The suite runs on two workers (`python -m pytest -n 2`). Its longest tests (main.py and multi-device subprocess
-# runs) go first, so that the many short ones fill in at the end and the workers finish together, instead of
-# one worker running the slow tail alone while the other waits.
+# The suite runs on two workers (`python -m pytest -n 2`, `--dist loadgroup`: the pod group goes to one worker
+# first, as the largest unit). The other worker starts with the runs the pod tests compare with (`makes_reference`,
+# tests/shared_runs.py), then the longest tests (main.py and multi-device subprocess runs), so that the many short
+# ones fill in at the end and the workers finish together, instead of one worker running the slow tail alone while
+# the other waits.
 _LONG_FIRST = ("tests/train/", "tests/test_main.py", "tests/test_user_path.py", "tests/evaluation/test_compare_run.py")
+
+
+def _order(item) -> int:
+  if item.get_closest_marker("makes_reference"):
+    return 0
+  return 1 if item.nodeid.startswith(_LONG_FIRST) else 2
 
 
 def pytest_collection_modifyitems(config, items):
   del config
-  items.sort(key=lambda item: not item.nodeid.startswith(_LONG_FIRST))  # stable: file order kept within each part
+  items.sort(key=_order)  # stable: file order kept within each part

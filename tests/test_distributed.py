@@ -6,6 +6,7 @@ there (`compilation_cache.shared_by_processes`): nothing is written to the folde
 
 import sys
 
+from tests.cli import TIMEOUT_S
 from tests.train.processes import env, free_port, run_processes
 
 
@@ -37,7 +38,7 @@ def _programs(process_id: int, port: int, cache: str) -> None:
 def test_independent_programs_across_processes_on_cpus_run_one_at_a_time_without_the_compilation_cache(tmp_path):
   port, cache = free_port(), tmp_path / "cache"
   run_processes([[sys.executable, "-m", "tests.test_distributed", str(i), str(port), str(cache)] for i in range(2)],
-                {**env(4), "JAX_COMPILATION_CACHE_DIR": str(cache)}, timeout=120)
+                {**env(4), "JAX_COMPILATION_CACHE_DIR": str(cache)}, timeout=TIMEOUT_S)
   assert not cache.exists()
 
 

@@ -36,7 +36,7 @@ def test_per_device_samples_splits_rows_over_batch_devices_and_keeps_the_vae_exa
   import subprocess
   import sys
 
-  from tests.train.common import ROOT
+  from tests.cli import ROOT, TIMEOUT_S
 
   script = """
 import os
@@ -67,7 +67,7 @@ with jax.set_mesh(sharding.make_mesh(2, 2, 2)):
 print(float(jnp.max(jnp.abs(got - want))), int(jnp.max(jnp.abs(images.astype(int) - decode.to_uint8(want).astype(int)))))
 print(float(jnp.max(jnp.abs(encoded - jax.jit(functools.partial(decode.encode_latents, vae_def))(vae_state, pixels)))))
 """
-  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
   assert out.returncode == 0, out.stderr[-3000:]
   first, last, encoded_gap = out.stdout.strip().splitlines()[-3:]
   assert first.split() == ["2.0", "2.0", "6"]

@@ -18,8 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.fixtures import released_folder
-from tests.cli import ROOT
+from tests.cli import ROOT, TIMEOUT_S
 from tests.train.processes import launch, pod_and_single
 
 
@@ -39,15 +38,11 @@ DECOUPLED = ("--config.data.height=64", "--config.data.width=64", "--config.chec
 CONTINUOUS = "--config.rewards=({'name': 'brightness', 'weight': 1.0}, {'name': 'jpeg_compressibility', 'weight': 1e-4})"
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-  """A tiny released-layout folder written by transformers/diffusers, converted by the command line."""
-  root = tmp_path_factory.mktemp("released")
-  hf_dir = released_folder.write_hf(root / "hf")
-  out = subprocess.run([sys.executable, "-m", "checkpoints_convert", f"--hf_dir={hf_dir}",
-                        f"--out_dir={root / 'converted'}"], capture_output=True, text=True, cwd=ROOT, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  return hf_dir, root / "converted"
+@pytest.fixture(scope="session")
+def converted(tiny_released):
+  """A tiny released-layout folder written by transformers/diffusers, converted by the command line (once per
+  session: tests/conftest.py)."""
+  return tiny_released
 
 
 def test_released_t2i_config_trains_and_its_export_loads_in_diffusers(converted, tmp_path):
@@ -125,14 +120,39 @@ def _ar_inputs(cfg):
 
 def _export(workdir, out_dir, *extra):
   out = subprocess.run([sys.executable, "-m", "checkpoints_convert", "--to_hf", f"--ckpt_dir={workdir}",
-                        f"--hf_out_dir={out_dir}", *extra], capture_output=True, text=True, cwd=ROOT, timeout=600)
+                        f"--hf_out_dir={out_dir}", *extra], capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT_S)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "complete GLM-Image pipeline folder" in out.stdout + out.stderr
   return out_dir
 
 
+def _decoupled(converted):
+  """The decoupled recipe's flags: configs/glm_image_t2i_decoupled.py:tiny on the converted folder with remat."""
+  _, ckpt = converted
+  # The tiny recipe's shapes: 2 prompts x 4 token grids x 2 decoder samples = 16 images.
+  return ("--config=configs/glm_image_t2i_decoupled.py:tiny", f"--config.model.checkpoint_dir={ckpt}",
+          "--config.model.remat=True", "--config.decoder.train_steps=3", *DECOUPLED)
+
+
+def _decoupled_single(shared_runs, converted):
+  """The pod test's reference: the decoupled recipe as 1 process x 8 devices (made once per session)."""
+  return shared_runs("decoupled_1x8", lambda folder: launch(folder, *_decoupled(converted), processes=1, devices=8))
+
+
+@pytest.mark.makes_reference
+def test_the_decoupled_recipe_trains_on_eight_devices_of_one_process(shared_runs, converted):
+  """Both policies on-policy at every step, each one's trained state in the checkpoint of step 2."""
+  single = _decoupled_single(shared_runs, converted)
+  rows = _rows(single)
+  assert [r["step"] for r in rows] == [1, 2]
+  assert all(r[f"{p}first_iter/ratio/min"] == r[f"{p}first_iter/ratio/max"] == 1.0
+             for r in rows for p in ("ar/", "decoder/"))
+  assert {"params", "opt_state", "decoder_params", "decoder_opt_state"} <= set(os.listdir(single / "checkpoints" / "2"))
+
+
 @pytest.mark.xdist_group("pod")
-def test_decoupled_run_as_two_processes_exports_adapters_that_peft_and_diffusers_load(converted, tmp_path):
+def test_decoupled_run_as_two_processes_exports_adapters_that_peft_and_diffusers_load(converted, shared_runs,
+                                                                                      tmp_path):
   """configs/glm_image_t2i_decoupled.py:tiny on the converted folder with remat (the DiT's blocks rematerialised
   in sampling and in its update), as 2 processes, then --to_hf with and without --merge_lora. The generator's
   adapter, loaded by peft onto transformers' generator, gives our adapted model's logits (float32, 1e-4 max abs),
@@ -150,10 +170,7 @@ def test_decoupled_run_as_two_processes_exports_adapters_that_peft_and_diffusers
   from glmrl.train import setup
 
   _, ckpt = converted
-  # The tiny recipe's shapes: 2 prompts x 4 token grids x 2 decoder samples = 16 images.
-  workdir, _ = pod_and_single(tmp_path, "--config=configs/glm_image_t2i_decoupled.py:tiny",
-                              f"--config.model.checkpoint_dir={ckpt}", "--config.model.remat=True",
-                              "--config.decoder.train_steps=3", *DECOUPLED)
+  workdir, _ = pod_and_single(tmp_path, *_decoupled(converted), single=lambda: _decoupled_single(shared_runs, converted))
   rows = _rows(workdir)
   assert all(r[f"{p}first_iter/ratio/min"] == r[f"{p}first_iter/ratio/max"] == 1.0
              for r in rows for p in ("ar/", "decoder/"))

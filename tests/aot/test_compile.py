@@ -22,7 +22,7 @@ from glmrl.aot import report as report_lib  # noqa: E402
 from glmrl.aot import topology  # noqa: E402
 from glmrl.errors import UserError  # noqa: E402
 from glmrl.sampling import rollout_weights  # noqa: E402
-from tests.cli import run_main  # noqa: E402
+from tests.cli import TIMEOUT_S, run_main  # noqa: E402
 from tests.train.common import tiny_config  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def test_main_writes_the_report_for_a_slice(tmp_path):
   # tests/aot/test_auto.py), whose decode loop gathers the generator at every token: the traffic counted below.
   result = run_main("--config=configs/glm_image_t2i_decoupled.py:tiny", "--mode=compile",
                     "--config.compile.topology=v5e-8", "--config.rollout.ar_weights=update", tmp_path=tmp_path,
-                    timeout=600)
+                    timeout=TIMEOUT_S)
   assert result.returncode == 0, (result.stderr + result.stdout)[-3000:]
   report = json.loads((tmp_path / "compile_report.json").read_text())
   assert report["topology"] == "v5e-8" and report["chips"] == 8 and report["fits"] is True

@@ -36,6 +36,7 @@ from glmrl.policy import dit
 from glmrl.models import lora
 from glmrl.models.dit.config import DiTConfig
 from tests.checkpoints_convert import tiny_folders
+from tests.cli import TIMEOUT_S
 from tests.models.dit import torch_ref
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -181,7 +182,7 @@ def test_dit_lora_adapter_loads_in_diffusers_and_matches_merged_and_ours(lora_ru
   workdir, model = lora_run
   adapter_out, merged_out = tmp_path / "adapter", tmp_path / "merged"
   cli = subprocess.run([sys.executable, "-m", "checkpoints_convert", "--to_hf", f"--ckpt_dir={workdir}",
-                        f"--hf_out_dir={adapter_out}"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+                        f"--hf_out_dir={adapter_out}"], capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT_S)
   assert cli.returncode == 0, cli.stderr[-3000:]
   result = flax_to_hf.export(str(workdir), str(merged_out), merge_lora=True, log=quiet)
   assert set(result["exported"]) == {AR, DIT}
@@ -217,7 +218,7 @@ def test_use_ema_exports_the_moving_average_and_diffusers_loads_it(converted, tm
   workdir = write_run(tmp_path / "workdir", converted, adapters, decoder_lora=record, decoder_ema=ema_adapters)
   out = tmp_path / "ema"
   cli = subprocess.run([sys.executable, "-m", "checkpoints_convert", "--to_hf", f"--ckpt_dir={workdir}",
-                        f"--hf_out_dir={out}", "--use_ema"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+                        f"--hf_out_dir={out}", "--use_ema"], capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT_S)
   assert cli.returncode == 0, cli.stderr[-3000:]
   base = diffusers.GlmImageTransformer2DModel.from_pretrained(out / DIT).eval()
   base.load_lora_adapter(str(out / peft.ADAPTERS_DIR / DIT), weight_name=peft.DIFFUSERS_ADAPTER_WEIGHTS,

@@ -7,13 +7,15 @@ import shutil
 import subprocess
 import sys
 
+from tests.cli import TIMEOUT_S
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(ROOT, "docs")
 SPHINX = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-E", "-q", "-b", "html"]
 
 
 def _build(src, out):
-  return subprocess.run([*SPHINX, str(src), str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  return subprocess.run([*SPHINX, str(src), str(out)], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
 def test_docs_build_without_warnings(tmp_path):

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from glmrl.evaluation import stats
-from tests.cli import assert_one_line_error, run_main
+from tests.cli import TIMEOUT_S, assert_one_line_error, run_main
 
 
 def test_eval_compares_checkpoints_with_paired_intervals(tmp_path):
@@ -101,7 +101,7 @@ def assert_page_renders(path, images: int):
     return
   out = subprocess.run([browser(), "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
                         "--virtual-time-budget=5000", "--dump-dom", path.as_uri()],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=TIMEOUT_S)
   assert out.returncode == 0, out.stderr[-2000:]
   body = re.search(r"<body[^>]*>", out.stdout).group(0)
   assert 'data-images-loaded="true"' in body and f'data-image-count="{images}"' in body, body

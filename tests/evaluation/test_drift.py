@@ -3,7 +3,6 @@ against the formula, and the thumbnails it compares."""
 
 import numpy as np
 import pytest
-from skimage.metrics import structural_similarity
 
 from glmrl.evaluation import drift
 
@@ -17,6 +16,8 @@ def images(seed, b=3, h=40, w=52):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_ssim_matches_skimage(seed):
+  from skimage.metrics import structural_similarity
+
   base, noisy = images(seed)
   want = [structural_similarity(a, b, gaussian_weights=True, sigma=1.5, use_sample_covariance=False,
                                 data_range=255, channel_axis=-1) for a, b in zip(noisy, base)]

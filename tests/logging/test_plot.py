@@ -8,6 +8,8 @@ from PIL import Image
 from glmrl.logging.plot import main, plot_metric, read_metric
 from glmrl.logging.plot import nice_ticks
 
+from tests.cli import TIMEOUT_S
+
 LINE = np.array([31, 119, 180])
 
 
@@ -72,7 +74,7 @@ def test_the_command_line_answers_each_mistake_in_one_line(tmp_path):
 
   def plot(*args):
     return subprocess.run([sys.executable, "-m", "glmrl.logging.plot", *map(str, args)], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=TIMEOUT_S)
 
   for args, message in (
       ((metrics, "reward/meen", tmp_path / "o.png"), "no finite values for key 'reward/meen' (did you mean "

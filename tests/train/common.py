@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 from configs import demo
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.cli import ROOT, TIMEOUT_S
 
 
 def tiny_config(**overrides):
@@ -58,7 +57,7 @@ def device_run_args():
   return args, tuple(int(x) for x in args.mesh.split(","))
 
 
-def device_run(module: str, devices: int, mesh: str, workdir, timeout: int = 900) -> dict:
+def device_run(module: str, devices: int, mesh: str, workdir, timeout: int = TIMEOUT_S) -> dict:
   """Runs `python -m module --devices=N --mesh=d,f,t --workdir=DIR` (a script built on `device_run_args`) and
   returns the JSON it prints last; a failing run fails the test with its stderr."""
   out = subprocess.run([sys.executable, "-m", module, f"--devices={devices}", f"--mesh={mesh}",

@@ -10,7 +10,7 @@ import tempfile
 
 import numpy as np
 
-from tests.cli import ROOT
+from tests.cli import ROOT, TIMEOUT_S
 
 
 def env(devices: int) -> dict:
@@ -27,7 +27,7 @@ def command(workdir, *flags) -> list:
   return [sys.executable, os.path.join(ROOT, "main.py"), f"--workdir={workdir}", *flags]
 
 
-def launch(workdir, *flags, processes: int = 2, devices: int = 4, timeout: int = 1200) -> list[str]:
+def launch(workdir, *flags, processes: int = 2, devices: int = 4, timeout: int = TIMEOUT_S) -> list[str]:
   """main.py as `processes` processes of `devices` host devices each (one process: no coordinator); asserts each
   exits 0 and returns their output (stderr; with several processes, stdout and stderr together)."""
   if processes == 1:
@@ -112,17 +112,21 @@ KEYS = ("reward", "grad_norm", "advantage/std", "ar/reward", "ar/grad_norm", "ar
         "decoder/grad_norm", "decoder/advantage/std")
 
 
-def pod_and_single(root, *flags) -> tuple:
-  """`flags` trained as 2 processes x 4 host devices into root/multi and as 1 process x 8 into root/single; asserts
-  the decoder took several calls (16 images: one per device per call), the defaults' choices on host devices, and
-  the same per-step metrics: step 1 (the same initial parameters; the launches' collectives sum in other orders)
-  within 1e-5 relative, step 2 (after an update) within 1e-3. Step 1's gradient norms within 1e-3: a gradient of
-  zero-mean advantages is a difference of per-sample terms many times its size, and the launches' summation orders
-  (with bfloat16 compute in the released configs) left them up to 1.1e-4 apart where the rewards agreed within
-  1e-5. Returns (multi, single)."""
-  multi, single = root / "multi", root / "single"
+def pod_and_single(root, *flags, single=None) -> tuple:
+  """`flags` trained as 2 processes x 4 host devices into root/multi and as 1 process x 8 into root/single (or
+  `single()`, once the 2 processes are done: the folder the same flags were trained into, e.g. a shared run); asserts the decoder took several
+  calls (16 images: one per device per call), the defaults' choices on host devices, and the same per-step metrics:
+  step 1 (the same initial parameters; the launches' collectives sum in other orders) within 1e-5 relative, step 2
+  (after an update) within 1e-3. Step 1's gradient norms within 1e-3: a gradient of zero-mean advantages is a
+  difference of per-sample terms many times its size, and the launches' summation orders (with bfloat16 compute in
+  the released configs) left them up to 1.1e-4 apart where the rewards agreed within 1e-5. Returns (multi, single)."""
+  multi = root / "multi"
   errs = launch(multi, *flags)
-  launch(single, *flags, processes=1, devices=8)
+  if single is None:
+    single = root / "single"
+    launch(single, *flags, processes=1, devices=8)
+  else:
+    single = single()
   assert "decoder calls of 8 samples" in errs[0]
   assert "config.model.dit_attention=auto -> 'xla'" in errs[0]  # no flash kernel on CPUs
   assert "config.rollout.ar_weights=auto -> 'gathered'" in errs[0]  # the tiny generator's copy fits

@@ -11,13 +11,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from tests.cli import TIMEOUT_S
 from tests.train.common import ROOT
 
 VOLATILE = ("time/", "throughput/")
 
 
 def main(*args):
-  out = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+  out = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
   assert out.returncode == 0, out.stderr[-4000:]
   return out
 

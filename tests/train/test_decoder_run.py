@@ -8,13 +8,14 @@ import sys
 
 import numpy as np
 
+from tests.cli import TIMEOUT_S
 from tests.train.common import ROOT, device_run
 
 
 def test_decoder_demo_learns_through_main(tmp_path):
   workdir = tmp_path / "demo"
   out = subprocess.run([sys.executable, "main.py", "--config=configs/demo_decoder.py", f"--workdir={workdir}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+                       cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
   assert out.returncode == 0, out.stderr[-4000:]
   rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
   assert [r["step"] for r in rows] == list(range(1, 31))
@@ -32,7 +33,7 @@ def test_decoder_demo_learns_through_main(tmp_path):
   assert "30 steps" in out.stderr and "reward" in out.stderr
   # Generation samples with the trained DiT adapters of the last step (the ODE, sampling.dit_steps).
   out = subprocess.run([sys.executable, "main.py", "--config=configs/demo_decoder.py", f"--workdir={workdir}",
-                        "--mode=generate"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                        "--mode=generate"], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
   assert out.returncode == 0, out.stderr[-4000:]
   assert "the trained parameters of step 30" in out.stderr
   assert (workdir / "generate" / "grid.png").is_file()

@@ -7,11 +7,12 @@ Tolerance: 1e-4 relative on the step metrics and parameter sums, 1e-5 absolute o
 
 import numpy as np
 
+from tests.cli import TIMEOUT_S
 from tests.train.common import device_run
 
 
 def run(devices, mesh, workdir):
-  return device_run("tests.train.multidevice_run", devices, mesh, workdir, timeout=600)
+  return device_run("tests.train.multidevice_run", devices, mesh, workdir, timeout=TIMEOUT_S)
 
 
 def test_one_device_equals_eight(tmp_path):

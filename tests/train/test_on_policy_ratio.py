@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests.cli import TIMEOUT_S
 from tests.train.common import ROOT, device_run
 
 
@@ -32,7 +33,7 @@ def test_demo_logs_an_on_policy_first_iteration_in_bfloat16(tmp_path):
   cmd = [sys.executable, "main.py", "--config=configs/demo.py", "--config.model.compute_dtype=bfloat16",
          "--config.train.micro_batch_size=4", "--config.train.num_steps=3", "--config.log.image_interval=0",
          f"--workdir={tmp_path}"]
-  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
   assert out.returncode == 0, out.stderr[-4000:]
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   rows = [r for r in rows if "first_iter/ratio/min" in r]

@@ -4,7 +4,6 @@ import glmrl  # noqa: F401
 
 import numpy as np
 from flax import nnx
-from transformers import GlmImageForConditionalGeneration
 
 import checkpoints_convert
 from checkpoints_convert.maps.ar import RULES
@@ -39,6 +38,8 @@ def run_steps(workdir, n):
 
 
 def test_resume_equals_uninterrupted_and_exports(tmp_path):
+  from transformers import GlmImageForConditionalGeneration
+
   straight, _, _ = run_steps(tmp_path / "straight", 4)
   first, step, _ = run_steps(tmp_path / "resumed", 2)
   assert step == 2

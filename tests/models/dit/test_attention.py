@@ -11,6 +11,7 @@ import pytest
 
 from glmrl.models.dit import DiTConfig
 from glmrl.models.dit.attention import attention
+from tests.cli import TIMEOUT_S
 from tests.models.dit import torch_ref
 from tests.models.dit.test_model import TOL
 
@@ -66,7 +67,7 @@ with jax.set_mesh(mesh):
   run = lambda impl: jax.jit(lambda q, k, v: attention(q, k, v, valid, impl, 128))(q, k, v)
   print(float(jnp.max(jnp.abs(run("splash") - run("xla")))))
 """
-  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
   assert out.returncode == 0, out.stderr[-3000:]
   assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
 

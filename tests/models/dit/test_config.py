@@ -6,7 +6,6 @@ import json
 
 import jax.numpy as jnp
 import pytest
-from diffusers import GlmImageTransformer2DModel
 
 from glmrl.models.dit import DiTConfig
 from glmrl.models.dit.config import HF_FIELDS
@@ -32,6 +31,8 @@ def test_round_trips_and_overrides():
 
 
 def test_missing_keys_take_the_reference_defaults():
+  from diffusers import GlmImageTransformer2DModel
+
   ref = GlmImageTransformer2DModel.from_config({"num_layers": 1, "attention_head_dim": 8, "num_attention_heads": 2})
   ours = DiTConfig.from_hf({"num_layers": 1})
   assert {k: ours.to_hf()[k] for k in HF_FIELDS if k not in ("attention_head_dim", "num_attention_heads")} == {

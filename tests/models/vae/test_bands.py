@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from flax import nnx
 
 from checkpoints_convert.maps.vae import RULES
@@ -31,6 +30,8 @@ def _ours(cfg, ref):
 
 @pytest.mark.parametrize("height", [7, 8])
 def test_decode_by_bands_matches_diffusers(height):
+  import torch
+
   # Height 7: bands of one row (band_rows 2 and 3 have no divisor but 1) and of the whole 7 / 14 rows.
   cfg = VAEConfig.tiny()
   torch.manual_seed(0)

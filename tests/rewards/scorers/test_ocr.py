@@ -17,7 +17,7 @@ from glmrl import rewards
 from glmrl.rewards import server as server_lib
 from glmrl.rewards.ocr_metrics import word_accuracy
 from glmrl.rewards.scorers import ocr
-from tests.cli import ROOT, run_main
+from tests.cli import ROOT, TIMEOUT_S, run_main
 
 FONT_FILES = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/truetype/dejavu/DejaVuSerif.ttf",
               "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf")
@@ -111,21 +111,37 @@ def served_ocr():
     server.wait(timeout=30)
 
 
+def _logged(posts, count: int) -> int:
+  """len(posts()) once the server's log (read by a thread) holds `count` requests; a hang detector's minute at most."""
+  deadline = time.monotonic() + 60
+  while len(posts()) < count and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert len(posts()) == count, posts()
+  return count
+
+
 def test_the_served_scorer_rewards_a_decoupled_runs_decoder_and_scores_the_ocr_benchmark(served_ocr, tmp_path):
   """The decoupled recipe's decoder reward as docs/decoder_rl.md starts it (the tiny random model draws no text, so
-  the reward is 0; the point is the path), then --mode=eval on 4 of the `ocr` benchmark's prompts with the OCR
+  the reward is 0, where the same server reads a rendered sign; the point is the path), then --mode=eval on 4 of the `ocr` benchmark's prompts with the OCR
   metrics, on the demo's initial model: a report per category."""
   url, posts = served_ocr
+  # The served process reads text: a rendered sign scores as its prompt's text, a blank image 0. Without this, a
+  # scorer that reads "" everywhere would give the run below its 0 as well.
+  probe = rewards.get("text_accuracy").build(url=url).fn
+  sign, blank = render("OPEN LATE", fonts(40)[-1]), np.full((160, 640, 3), 235, np.uint8)
+  read, none = probe(np.stack([sign, blank]), ['a shop sign that says "OPEN LATE"'] * 2, {})
+  assert read >= 0.9 and none == 0.0, (read, none)
+  probed = _logged(posts, 1)
   prompts = tmp_path / "signs.txt"
   prompts.write_text('a shop sign that says "OPEN"\na poster reading "FRESH COFFEE"\n')
   train = run_main("--config=configs/glm_image_t2i_decoupled.py:tiny", f"--config.data.prompts_file={prompts}",
                    "--config.train.num_steps=1", "--config.log.image_interval=0",
                    f"--config.decoder.rewards=({{'name': 'text_accuracy', 'weight': 1.0, 'kwargs': {{'url': '{url}'}}}},)",
-                   tmp_path=tmp_path / "decoupled", timeout=600)
+                   tmp_path=tmp_path / "decoupled")
   assert train.returncode == 0, train.stderr[-3000:]
   (row,) = [json.loads(line) for line in (tmp_path / "decoupled" / "metrics.jsonl").read_text().splitlines()]
   assert row["decoder/reward/text_accuracy/mean"] == 0.0
-  answered = posts()
+  answered = posts()[probed:]
   # The start-up check, then the rollout's 2 prompts x 4 grids x 2 samples = 16 images in chunks of 8.
   assert len(answered) == 3 and all('" 200 ' in line for line in answered), answered
 
@@ -134,7 +150,7 @@ def test_the_served_scorer_rewards_a_decoupled_runs_decoder_and_scores_the_ocr_b
   evaluated = run_main("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=ocr:4",
                        "--config.eval.steps=0", "--config.data.max_prompt_tokens=64",
                        "--config.data.max_glyph_tokens=64", f"--config.rewards=({metrics})",
-                       tmp_path=tmp_path / "eval", timeout=600)
+                       tmp_path=tmp_path / "eval")
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   report = json.loads((tmp_path / "eval" / "eval" / "report.json").read_text())
   assert report["categories"] == {"ocr": 4, "overall": 4}
@@ -144,7 +160,7 @@ def test_the_served_scorer_rewards_a_decoupled_runs_decoder_and_scores_the_ocr_b
   assert "| ocr | 4 |" in markdown
   assert all('" 200 ' in line for line in posts())
   # Each metric's start-up check, then its 4 prompts x 8 samples = 32 images in chunks of 8.
-  assert len(posts()) == 3 + 2 * (1 + 4), posts()
+  assert len(posts()) == probed + 3 + 2 * (1 + 4), posts()
 
 
 @pytest.mark.parametrize("failure,fix", [
@@ -156,7 +172,7 @@ def test_a_server_without_its_ocr_engine_ends_in_one_line_naming_what_to_install
   (tmp_path / "rapidocr_onnxruntime").mkdir()
   (tmp_path / "rapidocr_onnxruntime" / "__init__.py").write_text(f"raise ImportError({failure!r})\n")
   result = subprocess.run([sys.executable, "-m", "glmrl.rewards.server", "--scorer=glmrl.rewards.scorers.ocr:read"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])})
   assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
   assert result.stderr.startswith("error: --scorer='glmrl.rewards.scorers.ocr:read': cannot import") and \
