@@ -52,7 +52,7 @@ def main_in_process(*args, tmp_path) -> Result:
   argv, cwd = sys.argv, os.getcwd()
   sys.modules.pop("config_config", None)
   code = 0
-  with _count_compiles() as compiles, _captured_output() as output:
+  with _count_compiles() as compiles, captured_output() as output:
     try:
       sys.argv = [MAIN, f"--workdir={tmp_path}", *args]
       os.chdir(ROOT)
@@ -70,6 +70,14 @@ def main_in_process(*args, tmp_path) -> Result:
       # runs it in the namespace of the module of that name if there is one: a new process has none.
       sys.modules.pop("config_config", None)
   return Result(code, output["stdout"], output["stderr"], compiles[0])
+
+
+def completed(*args, tmp_path, in_process: bool = True) -> Result:
+  """main.py run to its end, in this process (`main_in_process`) or in a new one (`run_main`): asserts exit
+  status 0, showing stderr's tail otherwise."""
+  result = (main_in_process if in_process else run_main)(*args, tmp_path=tmp_path)
+  assert result.returncode == 0, (result.stderr + result.stdout)[-4000:]
+  return result
 
 
 def _forget_flags(flag_values, before: set) -> None:
@@ -100,7 +108,7 @@ def _count_compiles():
 
 
 @contextlib.contextmanager
-def _captured_output():
+def captured_output():
   """{'stdout', 'stderr'} filled on exit with what this process wrote meanwhile: file descriptors 1 and 2
   (C++ libraries), Python's sys.stdout/sys.stderr and absl's log handler (whose stream was bound at import)."""
   from absl import logging as absl_logging

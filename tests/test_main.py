@@ -1,4 +1,7 @@
-"""main.py as users launch it: bad input ends in one line before any work; the demo trains, resumes, finishes."""
+"""main.py as users launch it: bad input ends in one line before any work; the demo trains, resumes, finishes.
+
+The README's demo command and a few bad inputs run as processes; the other cases run main.py's `__main__` in the
+test's process (tests/cli.py), which a new process per case would only slow down."""
 
 import json
 import os
@@ -282,7 +285,7 @@ def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_pa
              and r["monitor/pairwise_distance"] > 0 for r in rows)
   assert [r["step"] for r in rows if "monitor/jpeg_kb" in r] == [1, 2]
 
-  again = run_main(*args, "--config.train.num_steps=3", tmp_path=tmp_path)
+  again = main_in_process(*args, "--config.train.num_steps=3", tmp_path=tmp_path)
   assert again.returncode == 0 and "already complete" in again.stderr, again.stderr[-3000:]
   assert len(_rows(tmp_path)) == 3
 
@@ -296,7 +299,8 @@ def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_pa
   # Resumed with another prompts file: one line before any model, naming the file and what differs.
   fewer = tmp_path / "fewer.txt"
   fewer.write_text("a red cat\na blue dog\n")
-  changed = run_main(*args, f"--config.data.prompts_file={fewer}", "--config.train.num_steps=5", tmp_path=tmp_path)
+  changed = main_in_process(*args, f"--config.data.prompts_file={fewer}", "--config.train.num_steps=5",
+                            tmp_path=tmp_path)
   assert_one_line_error(changed, f"{fewer}: the checkpoint to resume was saved with other prompts or another "
                                  "config.seed (iterator state num_records=")
   assert json.loads((tmp_path / "config.json").read_text())["checkpoint"]["save_interval"] == 2
@@ -333,7 +337,7 @@ def test_a_reward_server_that_stops_answering_ends_the_run_in_one_line_with_its_
              "'retries': 1, 'backoff_s': 0.0, 'chunk_size': 64}},)")
   args = ("--config=configs/demo.py", rewards, "--config.checkpoint.save_interval=10", "--config.log.image_interval=0")
   try:
-    result = run_main(*args, "--config.train.num_steps=4", tmp_path=tmp_path)
+    result = main_in_process(*args, "--config.train.num_steps=4", tmp_path=tmp_path)
     assert_one_line_error(result, f"reward server {server.url} (images 0..", before_any_work=False)
     assert "RuntimeError: scorer lost its GPU" in result.stderr
     assert f"step 2 is saved in {tmp_path / 'checkpoints'}: rerun once the server answers" in result.stderr
@@ -348,10 +352,10 @@ def test_a_reward_server_that_stops_answering_ends_the_run_in_one_line_with_its_
 def test_demo_with_lora_adapters_learns(tmp_path):
   """The demo with rank-4 adapters (the base frozen): its reward rises as the full fine-tune's does
   (tests/train/test_learning.py: twice the random decoder's within-group spread in 30 steps)."""
-  result = run_main("--config=configs/demo.py", "--config.lora.rank=4", "--config.lora.alpha=8",
-                    "--config.optim.learning_rate=1e-2", "--config.train.num_steps=30",
-                    "--config.checkpoint.save_interval=100", "--config.log.image_interval=0",
-                    tmp_path=tmp_path)
+  result = main_in_process("--config=configs/demo.py", "--config.lora.rank=4", "--config.lora.alpha=8",
+                           "--config.optim.learning_rate=1e-2", "--config.train.num_steps=30",
+                           "--config.checkpoint.save_interval=100", "--config.log.image_interval=0",
+                           tmp_path=tmp_path)
   assert result.returncode == 0, (result.stderr + result.stdout)[-3000:]
   assert "LoRA rank 4" in result.stderr
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -363,8 +367,8 @@ def test_demo_with_lora_adapters_learns(tmp_path):
 def test_a_run_that_cannot_learn_says_so(tmp_path):
   """Rewards equal within every group (grpo.std_eps above their spread): zero advantages and gradients for
   five steps in a row end in a warning each, and the streaks are metrics."""
-  result = run_main("--config=configs/demo.py", "--config.train.num_steps=5", "--config.grpo.std_eps=0.9",
-                    "--config.log.image_interval=0", tmp_path=tmp_path)
+  result = main_in_process("--config=configs/demo.py", "--config.train.num_steps=5", "--config.grpo.std_eps=0.9",
+                           "--config.log.image_interval=0", tmp_path=tmp_path)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "policy no_signal: every group's rewards are equal" in result.stderr
   assert "policy zero_grad: the gradient is exactly zero" in result.stderr

@@ -1,7 +1,8 @@
 """Checkpoints compared as users run it: the demo trained two steps through main.py, then `--mode=eval` of a
 shipped benchmark's subset at steps 0 (before RL) and 2; the report's intervals recomputed from its own
 per-prompt scores by an independent numpy bootstrap over the same resamples (1e-6); bad steps and benchmarks
-end in one line before any sampling."""
+end in one line before any sampling. main.py's `__main__` runs in the test's process (tests/cli.py); the pod test
+(tests/train/test_multihost.py) launches `--mode=eval` as processes."""
 
 import html.parser
 import json
@@ -15,16 +16,16 @@ import numpy as np
 from PIL import Image
 
 from glmrl.evaluation import stats
-from tests.cli import TIMEOUT_S, assert_one_line_error, run_main
+from tests.cli import TIMEOUT_S, assert_one_line_error, main_in_process
 
 
 def test_eval_compares_checkpoints_with_paired_intervals(tmp_path):
   workdir = tmp_path / "run"
   flags = ("--config=configs/demo.py", "--config.train.num_steps=2", "--config.checkpoint.save_interval=2")
-  out = run_main(*flags, tmp_path=workdir)
+  out = main_in_process(*flags, tmp_path=workdir)
   assert out.returncode == 0, out.stderr[-3000:]
-  out = run_main(*flags, "--mode=eval", "--config.eval.benchmark=parti:4", "--config.eval.steps=0,2",
-                 tmp_path=workdir)
+  out = main_in_process(*flags, "--mode=eval", "--config.eval.benchmark=parti:4", "--config.eval.steps=0,2",
+                        tmp_path=workdir)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "read only" not in out.stderr  # Orbax's note on opening the checkpoints read-only is not the user's
   report = json.loads((workdir / "eval" / "report.json").read_text())
@@ -64,11 +65,11 @@ def test_eval_compares_checkpoints_with_paired_intervals(tmp_path):
     np.testing.assert_allclose(report["first_sample"]["drift/ssim"]["2"][i], want, rtol=1e-6, atol=1e-9)
   assert "## drift/ssim" in text
 
-  bad = run_main(*flags, "--mode=eval", "--config.eval.benchmark=parti:4", "--config.eval.steps=0,5",
-                 tmp_path=workdir)
+  bad = main_in_process(*flags, "--mode=eval", "--config.eval.benchmark=parti:4", "--config.eval.steps=0,5",
+                        tmp_path=workdir)
   assert_one_line_error(bad, "config.eval.steps='0,5': no checkpoint of step 5 in")
   assert "(saved: [1, 2])" in bad.stderr
-  bad = run_main(*flags, "--mode=eval", "--config.eval.benchmark=drawbench:16", tmp_path=workdir)
+  bad = main_in_process(*flags, "--mode=eval", "--config.eval.benchmark=drawbench:16", tmp_path=workdir)
   assert_one_line_error(bad, "config.eval.benchmark='drawbench:16': must be '' or a shipped benchmark")
 
 

@@ -45,8 +45,9 @@ def decoupled_config(**overrides):
 
 
 def device_run_args():
-  """Arguments of the subprocess runs on a forced number of host devices (--devices, --mesh=d,f,t,
-  --workdir); sets XLA_FLAGS, so it must run before jax is imported. Returns (args, (data, fsdp, tensor))."""
+  """Arguments of the subprocess runs on a forced number of host devices (--devices, --mesh=d,f,t[/d,f,t...],
+  --workdir); sets XLA_FLAGS, so it must run before jax is imported. Returns (args, (data, fsdp, tensor)) of the
+  first mesh; `meshes(args)` lists them all."""
   parser = argparse.ArgumentParser()
   parser.add_argument("--devices", type=int, required=True)
   parser.add_argument("--mesh", required=True)
@@ -54,13 +55,42 @@ def device_run_args():
   args = parser.parse_args()
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
   os.environ["JAX_PLATFORMS"] = "cpu"  # the host devices, also where a GPU is the default backend
-  return args, tuple(int(x) for x in args.mesh.split(","))
+  return args, meshes(args)[0]
+
+
+def meshes(args) -> list[tuple[int, int, int]]:
+  return [tuple(int(x) for x in mesh.split(",")) for mesh in args.mesh.split("/")]
 
 
 def device_run(module: str, devices: int, mesh: str, workdir, timeout: int = TIMEOUT_S) -> dict:
   """Runs `python -m module --devices=N --mesh=d,f,t --workdir=DIR` (a script built on `device_run_args`) and
-  returns the JSON it prints last; a failing run fails the test with its stderr."""
-  out = subprocess.run([sys.executable, "-m", module, f"--devices={devices}", f"--mesh={mesh}",
-                        f"--workdir={workdir}"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+  returns the JSON it prints last; a failing run fails the test with its stderr. With one device, the test's own
+  process has the devices the script asks for: it runs here, as `python -m` would run it (a new process would
+  only add its start-up)."""
+  argv = [f"--devices={devices}", f"--mesh={mesh}", f"--workdir={workdir}"]
+  if devices == 1:
+    return _device_run_here(module, argv)
+  out = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True,
+                       timeout=timeout)
   assert out.returncode == 0, out.stderr[-4000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _device_run_here(module: str, argv: list[str]) -> dict:
+  import runpy
+
+  import jax
+
+  from tests.cli import captured_output
+
+  assert jax.device_count() == 1, jax.devices()
+  saved_argv, saved_env = sys.argv, dict(os.environ)
+  try:
+    with captured_output() as output:
+      sys.argv = [module, *argv]
+      runpy.run_module(module, run_name="__main__", alter_sys=True)
+  finally:
+    sys.argv = saved_argv
+    os.environ.clear()
+    os.environ.update(saved_env)
+  return json.loads(output["stdout"].strip().splitlines()[-1])

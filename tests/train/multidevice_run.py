@@ -1,33 +1,46 @@
-"""Runs two train steps on a given mesh and prints their metrics and a parameter checksum as JSON.
+"""Runs two train steps on each given mesh and prints their metrics and a parameter checksum as JSON, by mesh.
 
-python -m tests.train.multidevice_run --devices=8 --mesh=2,2,2 --workdir=DIR
+python -m tests.train.multidevice_run --devices=8 --mesh=2,2,2[/1,8,1...] --workdir=DIR
+
+Prints {"devices": n, "runs": {"d,f,t": {"steps", "param_sum", "param_abs_sum", "shardings", "layout"}}}: the meshes
+of one device count share a process (its start-up, the tokenizers, the programs every mesh has in common).
 """
 
 import json
+import os
 import sys
 
-from tests.train.common import device_run_args, tiny_config
+from tests.train.common import device_run_args, meshes, tiny_config
 
 
 def main():
-  args, (data, fsdp, tensor) = device_run_args()
+  args, _ = device_run_args()
+  import jax
+
+  runs = {}
+  for data, fsdp, tensor in meshes(args):
+    name = f"{data},{fsdp},{tensor}"
+    runs[name] = train_two_steps(data, fsdp, tensor, os.path.join(args.workdir, name))
+  json.dump({"devices": jax.device_count(), "runs": runs}, sys.stdout)
+
+
+def train_two_steps(data: int, fsdp: int, tensor: int, workdir: str) -> dict:
   import jax
   import numpy as np
 
   from glmrl.train import loop
 
   config = tiny_config(mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor, train__micro_batch_size=4)
-  trainer = loop.Trainer(config, args.workdir)
+  trainer = loop.Trainer(config, workdir)
   layout = {"init": state_layout(trainer)}
   steps = [trainer.step() for _ in range(2)]
   layout["after_steps"] = state_layout(trainer)
   shardings = {str(s.spec) for s in jax.tree.leaves(jax.tree.map(lambda x: x.sharding, trainer.states["ar"].trainable))}
   leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(trainer.states["ar"].trainable)]
   trainer.close()
-  json.dump({"devices": jax.device_count(), "steps": [{k: float(v) for k, v in s.items()} for s in steps],
-             "param_sum": float(sum(x.sum() for x in leaves)),
-             "param_abs_sum": float(sum(np.abs(x).sum() for x in leaves)),
-             "shardings": sorted(shardings), "layout": layout}, sys.stdout)
+  return {"steps": [{k: float(v) for k, v in s.items()} for s in steps],
+          "param_sum": float(sum(x.sum() for x in leaves)), "param_abs_sum": float(sum(np.abs(x).sum() for x in leaves)),
+          "shardings": sorted(shardings), "layout": layout}
 
 
 def state_layout(trainer) -> dict:

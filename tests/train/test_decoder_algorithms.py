@@ -1,26 +1,19 @@
 """DiffusionNFT and AWM as users run them: the decoder demo's `:nft` and `:awm` through main.py train, save the
 moving average with every checkpoint, and a run that lost its last checkpoint (a preemption) resumes from the
-one before and redoes the same steps bit for bit, the moving average included; `--use_ema` generates with it."""
+one before and redoes the same steps bit for bit, the moving average included; `--use_ema` generates with it.
+main.py's `__main__` runs in the test's process (tests/cli.py); tests/train/test_decoder_run.py launches the decoder
+demo as a process."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from tests.cli import TIMEOUT_S
-from tests.train.common import ROOT
+from tests.cli import completed
 
 VOLATILE = ("time/", "throughput/")
-
-
-def main(*args):
-  out = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
-  assert out.returncode == 0, out.stderr[-4000:]
-  return out
 
 
 def rows(workdir):
@@ -39,7 +32,7 @@ def test_demo_trains_saves_its_average_and_resumes_bit_identically(tmp_path, alg
            "--config.checkpoint.save_interval=2", "--config.checkpoint.max_to_keep=5")
   if algorithm == "awm":  # AWM's released clip range (its config/dgx_awm.py): the ratio unbounded below
     flags += ("--config.decoder.clip_range=1",)
-  main(*flags, f"--workdir={straight}")
+  completed(*flags, tmp_path=straight)
   want = rows(straight)
   assert sorted(want) == [1, 2, 3, 4]
   for r in want.values():
@@ -60,14 +53,14 @@ def test_demo_trains_saves_its_average_and_resumes_bit_identically(tmp_path, alg
   resumed = tmp_path / "resumed"
   shutil.copytree(straight, resumed)
   shutil.rmtree(resumed / "checkpoints" / "4")
-  main(*flags, f"--workdir={resumed}")
+  completed(*flags, tmp_path=resumed)
   got = rows(resumed)
   for step in (3, 4):
     assert got[step] == want[step], step
   for a, b in zip(flat(leaves(resumed / "checkpoints" / "4" / "decoder_ema")), flat(ema_4)):
     np.testing.assert_array_equal(a, b)
   if algorithm == "nft":  # generation samples with the average of the last step's adapters
-    out = main(*flags, f"--workdir={resumed}", "--mode=generate", "--use_ema")
+    out = completed(*flags, "--mode=generate", "--use_ema", tmp_path=resumed)
     assert "the trained parameters (their moving average) of step 4" in out.stderr
     assert (resumed / "generate" / "grid.png").is_file()
 
@@ -76,9 +69,9 @@ def test_flow_grpo_with_grpo_guard_and_a_sliding_window(tmp_path):
   """GRPO-Guard's ratio and MixGRPO's sliding window through main.py: the window walks its range one step per
   rollout, the first update's ratio is exactly 1, and the second update reads the first one's step means."""
   workdir = tmp_path / "guard"
-  main("--config=configs/demo_decoder.py", "--config.train.num_steps=3", "--config.decoder.ratio_norm=True",
-       "--config.decoder.window_slide_every=1", "--config.decoder.window_slide_stride=1",
-       "--config.decoder.num_iterations=2", f"--workdir={workdir}")
+  completed("--config=configs/demo_decoder.py", "--config.train.num_steps=3", "--config.decoder.ratio_norm=True",
+            "--config.decoder.window_slide_every=1", "--config.decoder.window_slide_stride=1",
+            "--config.decoder.num_iterations=2", tmp_path=workdir)
   got = rows(workdir)
   # The demo's window_range (0, 3) of 4 steps: starts 0 and 1 (a window of 2 never holds the final step).
   assert [got[s]["decoder/window_start"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
@@ -94,8 +87,8 @@ def test_cps_with_the_reference_logprob_trains_through_main(tmp_path):
   take the same log-prob (float32: equal up to rounding), the first update's ratio is exactly 1, the second's
   moves."""
   workdir = tmp_path / "cps"
-  main("--config=configs/demo_decoder.py:cps", "--config.train.num_steps=2", "--config.decoder.logprob=flow_grpo",
-       "--config.decoder.num_iterations=2", f"--workdir={workdir}")
+  completed("--config=configs/demo_decoder.py:cps", "--config.train.num_steps=2", "--config.decoder.logprob=flow_grpo",
+            "--config.decoder.num_iterations=2", tmp_path=workdir)
   for r in rows(workdir).values():
     assert r["decoder/first_iter/ratio/min"] == r["decoder/first_iter/ratio/max"] == 1.0
     assert r["decoder/logprob/sampler_vs_recomputed_max_abs"] < 1e-5
@@ -107,8 +100,8 @@ def test_dgpo_demo_trains_through_main(tmp_path):
   """`:dgpo`: at the first update the adapters are the base (LoRA B = 0), so every group's DPO weight is
   sigmoid(0) = 0.5 exactly; after it they are not; nothing is kept beside the adapters and their optimizer."""
   workdir = tmp_path / "dgpo"
-  main("--config=configs/demo_decoder.py:dgpo", "--config.train.num_steps=2", "--config.checkpoint.save_interval=2",
-       f"--workdir={workdir}")
+  completed("--config=configs/demo_decoder.py:dgpo", "--config.train.num_steps=2", "--config.checkpoint.save_interval=2",
+            tmp_path=workdir)
   got = rows(workdir)
   assert got[1]["decoder/dgpo/group_weight"] == 0.5 and got[2]["decoder/dgpo/group_weight"] != 0.5
   assert all(r["decoder/skipped"] == 0.0 and np.isfinite(r["decoder/loss"]) for r in got.values())

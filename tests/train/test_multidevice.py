@@ -5,42 +5,53 @@ Tolerance: 1e-4 relative on the step metrics and parameter sums, 1e-5 absolute o
 """
 
 
-import numpy as np
+import json
 
-from tests.cli import TIMEOUT_S
+import numpy as np
+import pytest
+
 from tests.train.common import device_run
 
+# The 8-device meshes both tests read, trained in one process (tests/train/multidevice_run.py).
+MESHES = ("2,2,2", "1,8,1", "1,4,2")
 
-def run(devices, mesh, workdir):
-  return device_run("tests.train.multidevice_run", devices, mesh, workdir, timeout=TIMEOUT_S)
+
+@pytest.fixture
+def eight(shared_runs):
+  """{mesh: result} of the 8-device runs, made once per session."""
+  def make(folder):
+    out = device_run("tests.train.multidevice_run", 8, "/".join(MESHES), folder)
+    (folder / "result.json").write_text(json.dumps(out))
+  out = json.loads((shared_runs("multidevice_8", make) / "result.json").read_text())
+  assert out["devices"] == 8
+  return out["runs"]
 
 
-def test_one_device_equals_eight(tmp_path):
-  one = run(1, "1,1,1", tmp_path / "one")
-  eight = run(8, "2,2,2", tmp_path / "eight")
-  assert one["devices"] == 1 and eight["devices"] == 8
+def test_one_device_equals_eight(eight, tmp_path):
+  one = device_run("tests.train.multidevice_run", 1, "1,1,1", tmp_path)
+  assert one["devices"] == 1
+  one, on_eight = one["runs"]["1,1,1"], eight["2,2,2"]
   # The parameters really are split over fsdp and tensor on the 8-device mesh.
-  assert any("fsdp" in s for s in eight["shardings"]) and any("tensor" in s for s in eight["shardings"])
-  for a, b in zip(one["steps"], eight["steps"]):
+  assert any("fsdp" in s for s in on_eight["shardings"]) and any("tensor" in s for s in on_eight["shardings"])
+  for a, b in zip(one["steps"], on_eight["steps"]):
     for k in ("reward/mean", "grad_norm", "advantage/std", "first_iter/ratio/max"):
       np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
     # On-policy the loss is -mean(advantages), zero up to rounding: compare it absolutely.
     np.testing.assert_allclose(b["loss"], a["loss"], atol=1e-5)
-  np.testing.assert_allclose(eight["param_sum"], one["param_sum"], rtol=1e-4)
-  np.testing.assert_allclose(eight["param_abs_sum"], one["param_abs_sum"], rtol=1e-4)
+  np.testing.assert_allclose(on_eight["param_sum"], one["param_sum"], rtol=1e-4)
+  np.testing.assert_allclose(on_eight["param_abs_sum"], one["param_abs_sum"], rtol=1e-4)
   # Micro-batches of 4 rows on fsdp = 8 devices (as 16 on a 32-chip slice): allowed, and the same numbers.
-  fsdp8 = run(8, "1,8,1", tmp_path / "fsdp8")
+  fsdp8 = eight["1,8,1"]
   for a, b in zip(one["steps"], fsdp8["steps"]):
     for k in ("reward/mean", "grad_norm", "advantage/std"):
       np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
   np.testing.assert_allclose(fsdp8["param_sum"], one["param_sum"], rtol=1e-4)
 
 
-def test_optimizer_state_is_sharded_like_the_parameters(tmp_path):
+def test_optimizer_state_is_sharded_like_the_parameters(eight):
   """fsdp=4 x tensor=2: each device holds its share of the AdamW moments, not all of them (before and after
   updates)."""
-  out = run(8, "1,4,2", tmp_path / "fsdp4_tensor2")
-  for when, layout in out["layout"].items():
+  for when, layout in eight["1,4,2"]["layout"].items():
     assert layout["opt_leaves_not_like_params"] == [], when
     # Two float32 moments per float32 parameter; only the step counters (a few bytes) are replicated.
     assert layout["opt_state_dev0"] <= 2 * layout["params_dev0"] + 64, (when, layout)

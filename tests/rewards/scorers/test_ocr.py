@@ -17,7 +17,7 @@ from glmrl import rewards
 from glmrl.rewards import server as server_lib
 from glmrl.rewards.ocr_metrics import word_accuracy
 from glmrl.rewards.scorers import ocr
-from tests.cli import ROOT, TIMEOUT_S, run_main
+from tests.cli import ROOT, TIMEOUT_S, main_in_process
 
 FONT_FILES = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/truetype/dejavu/DejaVuSerif.ttf",
               "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf")
@@ -131,13 +131,13 @@ def test_the_served_scorer_rewards_a_decoupled_runs_decoder_and_scores_the_ocr_b
   sign, blank = render("OPEN LATE", fonts(40)[-1]), np.full((160, 640, 3), 235, np.uint8)
   read, none = probe(np.stack([sign, blank]), ['a shop sign that says "OPEN LATE"'] * 2, {})
   assert read >= 0.9 and none == 0.0, (read, none)
-  probed = _logged(posts, 1)
+  probed = _logged(posts, 2)  # the reward's start-up check, then the two images
   prompts = tmp_path / "signs.txt"
   prompts.write_text('a shop sign that says "OPEN"\na poster reading "FRESH COFFEE"\n')
-  train = run_main("--config=configs/glm_image_t2i_decoupled.py:tiny", f"--config.data.prompts_file={prompts}",
-                   "--config.train.num_steps=1", "--config.log.image_interval=0",
-                   f"--config.decoder.rewards=({{'name': 'text_accuracy', 'weight': 1.0, 'kwargs': {{'url': '{url}'}}}},)",
-                   tmp_path=tmp_path / "decoupled")
+  train = main_in_process("--config=configs/glm_image_t2i_decoupled.py:tiny", f"--config.data.prompts_file={prompts}",
+                          "--config.train.num_steps=1", "--config.log.image_interval=0",
+                          f"--config.decoder.rewards=({{'name': 'text_accuracy', 'weight': 1.0, 'kwargs': {{'url': '{url}'}}}},)",
+                          tmp_path=tmp_path / "decoupled")
   assert train.returncode == 0, train.stderr[-3000:]
   (row,) = [json.loads(line) for line in (tmp_path / "decoupled" / "metrics.jsonl").read_text().splitlines()]
   assert row["decoder/reward/text_accuracy/mean"] == 0.0
@@ -147,10 +147,10 @@ def test_the_served_scorer_rewards_a_decoupled_runs_decoder_and_scores_the_ocr_b
 
   metrics = ", ".join(f"{{'name': '{name}', 'weight': {weight}, 'kwargs': {{'url': '{url}'}}}}"
                       for name, weight in (("ocr_word_accuracy", 1.0), ("ocr_ned", 0.0)))
-  evaluated = run_main("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=ocr:4",
-                       "--config.eval.steps=0", "--config.data.max_prompt_tokens=64",
-                       "--config.data.max_glyph_tokens=64", f"--config.rewards=({metrics})",
-                       tmp_path=tmp_path / "eval")
+  evaluated = main_in_process("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=ocr:4",
+                              "--config.eval.steps=0", "--config.data.max_prompt_tokens=64",
+                              "--config.data.max_glyph_tokens=64", f"--config.rewards=({metrics})",
+                              tmp_path=tmp_path / "eval")
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   report = json.loads((tmp_path / "eval" / "eval" / "report.json").read_text())
   assert report["categories"] == {"ocr": 4, "overall": 4}
