@@ -45,10 +45,15 @@ def run_main(*args, tmp_path, timeout: int = TIMEOUT_S) -> Result:
 def main_in_process(*args, tmp_path) -> Result:
   """main.py's `__main__` block in this process with argv `main.py --workdir=tmp_path *args`: what `run_main`
   returns, plus the number of XLA compilations it caused."""
-  from absl import app  # noqa: F401  (its flags exist before the snapshot below: they are not main.py's)
+  from absl import app
   from absl import flags
 
+  app.define_help_flags()  # absl's own (--help, ...), defined by a process's first app.run: not main.py's
   before = set(flags.FLAGS)
+  # A new process's first app.run sets absl up (its log handler; INFO verbosity unless --verbosity says otherwise):
+  # so does every run here.
+  app._run_init.done = False  # pylint: disable=protected-access
+  app._register_and_parse_flags_with_usage.done = False  # pylint: disable=protected-access
   argv, cwd = sys.argv, os.getcwd()
   sys.modules.pop("config_config", None)
   code = 0
