@@ -175,7 +175,7 @@ def main():
         f"batch {args.batch}, latents {args.latent}x{args.latent} ({(args.latent // 2) ** 2} image tokens), "
         f"{args.text_len} glyph tokens, {'i2i (KV cache read/skip)' if args.i2i else 't2i'}, {args.dtype}")
   print(f"devices: {accel.describe(device)}; threads: {THREADS}")
-  print(f"ours, first call incl. compile: " + ", ".join(f"{k} {v:.3f} s" for k, v in compile_s.items()))
+  print("ours, first call incl. compile: " + ", ".join(f"{k} {v:.3f} s" for k, v in compile_s.items()))
   print(f"\n| step (median of {args.reps}, interleaved) | ms | diffusers / it | max abs diff to diffusers |")
   print("|---|---:|---:|---:|")
   ref_s = times["diffusers"]

@@ -25,7 +25,6 @@ sys.path.insert(0, ROOT)
 import glmrl  # noqa: E402,F401
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
 from bench.timing import interleaved_medians  # noqa: E402
 from configs import demo  # noqa: E402

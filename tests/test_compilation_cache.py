@@ -4,7 +4,6 @@ same config loads every program the first compiled; a folder that cannot be writ
 import os
 
 import jax
-import pytest
 
 from glmrl import compilation_cache
 from tests.cli import run_main

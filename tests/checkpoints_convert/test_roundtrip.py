@@ -17,7 +17,7 @@ import pytest
 import torch
 from flax import nnx
 
-from checkpoints_convert import components, hf_to_flax
+from checkpoints_convert import components
 from checkpoints_convert.components import load_component
 from glmrl.checkpoint import params as params_lib
 from checkpoints_convert import safetensors_stream as st

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from glmrl.logging.plot import main, plot_metric, read_metric
+from glmrl.logging.plot import plot_metric, read_metric
 from glmrl.logging.plot import nice_ticks
 
 from tests.cli import TIMEOUT_S

@@ -9,7 +9,7 @@ from PIL import Image
 
 from configs import demo
 from glmrl.errors import UserError
-from glmrl.logging import MetricsWriter, make_grid, run_writer, sample_captions
+from glmrl.logging import make_grid, run_writer, sample_captions
 from glmrl.logging.wandb_run import WandbRun
 from tests.logging import wandb_records
 

@@ -92,7 +92,7 @@ def test_rematerialised_dit_samples_as_the_plain_one(inputs):
   """The decoder policy turns on the DiT's per-block remat (its update differentiates the DiT); the sampling loop
   runs the same DiT forward with it (its blocks' Variables belong to the loop body's trace)."""
   args, dit, _, _, keys = inputs
-  dit_def, dit_state = args[0], args[1]
+  dit_state = args[1]
   remat_def, _ = nnx.split(GlmImageDiT(dataclasses.replace(dit.cfg, remat=True), rngs=nnx.Rngs(0)))
   window = decode.SdeWindow(noise_level=0.7, size=2)
   plain = decode.denoise_and_decode(*args, None, window, keys, 1)
