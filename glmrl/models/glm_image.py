@@ -8,6 +8,7 @@ either a jitted random init (presets) or a restore of a converted checkpoint
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -137,10 +138,16 @@ def with_dtypes(configs: GlmImageConfigs, *, param_dtype, compute_dtype, remat: 
 
 def abstract_model(name: str, cfg):
   """(graphdef, abstract param state) of one component, no memory allocated."""
+  graphdef, state = _abstract_model(name, cfg)
+  return graphdef, jax.tree.map(lambda x: x, state)  # a State of its own: callers may change theirs
+
+
+# A run builds a component abstractly more than once (the LoRA targets checked before any weight is made, then
+# the build itself; `--mode=compile`), as every process that builds it again does: each build traces the module.
+@functools.lru_cache(maxsize=16)
+def _abstract_model(name: str, cfg):
   _, cls = COMPONENTS[name]
-  model = nnx.eval_shape(lambda: cls(cfg, rngs=InitRngs(0)))
-  graphdef, state = nnx.split(model)
-  return graphdef, state
+  return nnx.split(nnx.eval_shape(lambda: cls(cfg, rngs=InitRngs(0))))
 
 
 # XLA:CPU spends most of a random init compiling one kernel per parameter (12 s of the tiny VAE's 13 s);
@@ -149,15 +156,23 @@ _CPU_INIT_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
 def init_params(name: str, cfg, seed: int, shardings):
-  """Random parameters of one component, created directly on `shardings` by one jitted init."""
+  """Random parameters of one component, created directly on `shardings` by one jitted init (compiled once per
+  process for each component, config, seed and shardings, as jax.jit's own cache keeps a program)."""
+  leaves, treedef = jax.tree.flatten(shardings)
+  return _init_program(name, cfg, seed, tuple(leaves), treedef)()
+
+
+@functools.lru_cache(maxsize=16)
+def _init_program(name: str, cfg, seed: int, sharding_leaves: tuple, sharding_treedef):
   _, cls = COMPONENTS[name]
 
   def init():
     return nnx.split(cls(cfg, rngs=InitRngs(seed)))[1]
 
+  shardings = jax.tree.unflatten(sharding_treedef, sharding_leaves)
   lowered = jax.jit(init, out_shardings=shardings).lower()
   options = _CPU_INIT_OPTIONS if jax.default_backend() == "cpu" else None
-  return lowered.compile(compiler_options=options)()
+  return lowered.compile(compiler_options=options)
 
 
 def build(name: str, cfg, *, mesh=None, checkpoint_dir: str = "", seed: int = 0):
