@@ -14,6 +14,7 @@ metrics, images and the run's JSON records.
 
 from __future__ import annotations
 
+import collections
 import os
 
 import jax
@@ -53,6 +54,25 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     one_program_at_a_time()
 
 
+# The jax version the CPU process-group patches below were written for (requirements.txt pins it): they replace
+# internals, which a jax release may rename or change without notice.
+PATCHED_JAX = "0.10.2"
+
+
+def _internals():
+  """(pjit, pxla): jax's modules holding the internals `one_program_at_a_time` replaces, for the pinned jax only;
+  otherwise one clear error naming the version and what is missing, before any collective runs."""
+  from jax._src import pjit  # pylint: disable=import-outside-toplevel
+  from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
+
+  needed = ((pjit, "_get_fastpath_data"), (pxla.ExecuteReplicated, "__call__"))
+  missing = [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name in needed if not hasattr(owner, name)]
+  if jax.__version__ != PATCHED_JAX or missing:
+    raise UserError(f"several processes on CPUs need jax=={PATCHED_JAX} (requirements.txt), whose internals glmrl "
+                    f"patches there; this is jax {jax.__version__}" + (f", without {', '.join(missing)}" if missing else ""))
+  return pjit, pxla
+
+
 def one_program_at_a_time() -> None:
   """From now on each program this process runs has finished before the next one starts.
 
@@ -67,12 +87,10 @@ def one_program_at_a_time() -> None:
   dispatch.
 
   JAX has no switch for this (`jax_cpu_enable_async_dispatch` leaves multi-device programs asynchronous), so two
-  of its internals change, for the jax version requirements.txt pins: every call takes the Python dispatch path
-  (no C++ fast path), and that path waits for the program's outputs. What it costs, on CPUs only: the slower
-  dispatch path and the overlap of host work with the devices' work."""
-  from jax._src import pjit  # pylint: disable=import-outside-toplevel
-  from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
-
+  of its internals change, for the jax version requirements.txt pins (`_internals` refuses another): every call
+  takes the Python dispatch path (no C++ fast path), and that path waits for the program's outputs. What it
+  costs, on CPUs only: the slower dispatch path and the overlap of host work with the devices' work."""
+  pjit, pxla = _internals()
   execute = pxla.ExecuteReplicated.__call__
   if getattr(execute, "one_at_a_time", False):
     return
@@ -85,6 +103,43 @@ def one_program_at_a_time() -> None:
   execute_and_wait.one_at_a_time = True
   pjit._get_fastpath_data = lambda *args, **kwargs: None  # pylint: disable=protected-access
   pxla.ExecuteReplicated.__call__ = execute_and_wait
+
+
+def all_agree(name: str, value: bool) -> bool:
+  """True when `value` is True in every process (each tells the others through the coordination service, no
+  device collective); `value` in a single process."""
+  if jax.process_count() == 1:
+    return value
+  client, key = _client(), _key(name)
+  client.key_value_set(f"{key}/{jax.process_index()}", "1" if value else "0")
+  timeout_ms = BARRIER_TIMEOUT_S * 1000
+  return all(client.blocking_key_value_get(f"{key}/{i}", timeout_ms) == "1" for i in range(jax.process_count()))
+
+
+def from_main(name: str, value: str) -> str:
+  """Process 0's `value`, in every process (through the coordination service)."""
+  if jax.process_count() == 1:
+    return value
+  client, key = _client(), _key(name)
+  if is_main():
+    client.key_value_set(key, value)
+    return value
+  return client.blocking_key_value_get(key, BARRIER_TIMEOUT_S * 1000)
+
+
+_asked = collections.Counter()
+
+
+def _key(name: str) -> str:
+  """A key of its own for each time the processes exchange `name` (they do so in the same order)."""
+  _asked[name] += 1
+  return f"glmrl/{name}/{_asked[name]}"
+
+
+def _client():
+  from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+
+  return jax_distributed.global_state.client
 
 
 def is_main() -> bool:
@@ -104,9 +159,7 @@ def barrier(name: str) -> None:
   sharing two cores built their models 41 s apart and failed there. Meeting here first starts that rendezvous
   together."""
   if jax.process_count() > 1:
-    from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
-
-    jax_distributed.global_state.client.wait_at_barrier(f"glmrl: {name}", BARRIER_TIMEOUT_S * 1000)
+    _client().wait_at_barrier(f"glmrl: {name}", BARRIER_TIMEOUT_S * 1000)
 
 
 def finished() -> None:

@@ -2,21 +2,29 @@
 main.py does, dispatch independent programs with cross-process all-reduces back to back. Without
 `one_program_at_a_time` the processes run them in different orders over gloo and hang (2 of 2 launches past
 100 s, where these finish in about 10 s) or abort on a size mismatch. The persistent compilation cache stays off
-there (`compilation_cache.shared_by_processes`): nothing is written to the folder main.py would give it."""
+there (`compilation_cache.shared_by_processes`): nothing is written to the folder main.py would give it. The
+processes tell a folder they share from one each has to itself (`compilation_cache.seen_by_every_process`, the
+check behind the warning of a pod whose hosts each cache on their own disk)."""
 
+import json
+import os
 import sys
 
+import jax
+import pytest
+
+from glmrl import distributed
+from glmrl.errors import UserError
 from tests.cli import TIMEOUT_S
 from tests.train.processes import env, free_port, run_processes
 
 
 def _programs(process_id: int, port: int, cache: str) -> None:
-  import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
 
-  from glmrl import compilation_cache, distributed  # pylint: disable=import-outside-toplevel
+  from glmrl import compilation_cache  # pylint: disable=import-outside-toplevel
 
   distributed.initialize(f"localhost:{port}", 2, process_id)
   assert compilation_cache.enable(cache) is None
@@ -32,14 +40,36 @@ def _programs(process_id: int, port: int, cache: str) -> None:
     outs += [f(x) for f, x in zip(fns, xs)]  # no data between them: free to run at once
   for k, out in enumerate(outs[-4:]):
     np.testing.assert_allclose(np.asarray(out), 8 * np.tanh(k + 1.0), rtol=1e-6)
+  own, shared = f"{cache}_of_process_{process_id}", f"{cache}_shared"
+  for folder in (own, shared):
+    os.makedirs(folder, exist_ok=True)
+  seen = {"own": compilation_cache.seen_by_every_process(own), "shared": compilation_cache.seen_by_every_process(shared)}
   distributed.finished()
+  print(json.dumps(seen))
 
 
 def test_independent_programs_across_processes_on_cpus_run_one_at_a_time_without_the_compilation_cache(tmp_path):
   port, cache = free_port(), tmp_path / "cache"
-  run_processes([[sys.executable, "-m", "tests.test_distributed", str(i), str(port), str(cache)] for i in range(2)],
-                {**env(4), "JAX_COMPILATION_CACHE_DIR": str(cache)}, timeout=TIMEOUT_S)
+  outs = run_processes([[sys.executable, "-m", "tests.test_distributed", str(i), str(port), str(cache)]
+                        for i in range(2)], {**env(4), "JAX_COMPILATION_CACHE_DIR": str(cache)}, timeout=TIMEOUT_S)
   assert not cache.exists()
+  seen = [json.loads(out.strip().splitlines()[-1]) for out in outs]
+  assert seen == [{"own": False, "shared": True}] * 2, seen
+  assert not [p for p in tmp_path.rglob(".shared_probe_*")]  # process 0 removes its probe
+
+
+@pytest.mark.parametrize("stub", ["renamed internal", "other version"])
+def test_another_jax_than_the_patch_was_written_for_is_one_clear_error(monkeypatch, stub):
+  from jax._src import pjit  # pylint: disable=import-outside-toplevel
+
+  if stub == "renamed internal":
+    monkeypatch.delattr(pjit, "_get_fastpath_data")
+    message = r"need jax==0\.10\.2 .*, without jax\._src\.pjit\._get_fastpath_data$"
+  else:
+    monkeypatch.setattr(jax, "__version__", "0.11.0")
+    message = r"^several processes on CPUs need jax==0\.10\.2 \(requirements\.txt\), .*this is jax 0\.11\.0$"
+  with pytest.raises(UserError, match=message):
+    distributed.one_program_at_a_time()
 
 
 if __name__ == "__main__":
