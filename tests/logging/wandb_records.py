@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import struct
+import time
 import zlib
 
 from wandb.proto import wandb_internal_pb2
@@ -38,12 +39,37 @@ def records(path: str) -> list[bytes]:
   return out
 
 
+def _parsed(raw: bytes):
+  record = wandb_internal_pb2.Record()
+  record.ParseFromString(raw)
+  return record
+
+
+# How long a finished run's file may take to hold its last record: W&B's service writes it after `finish` returns
+# (on a loaded machine a run's history was not yet in the file when the test read it). A hang detector.
+WRITTEN_S = 120
+
+
+def _complete(path: str) -> list[bytes]:
+  """The records of a finished run's file, once its `exit` record is there."""
+  deadline = time.monotonic() + WRITTEN_S
+  while True:
+    try:
+      raw = records(path)
+      if any(_parsed(r).WhichOneof("record_type") == "exit" for r in raw):
+        return raw
+    except AssertionError:  # a chunk still being written
+      if time.monotonic() > deadline:
+        raise
+    assert time.monotonic() <= deadline, f"{path} holds no exit record after {WRITTEN_S} s"
+    time.sleep(0.1)
+
+
 def _records_of(workdir, kind: str) -> list:
   out = []
   for path in sorted(glob.glob(os.path.join(workdir, "wandb", "*run-*", "run-*.wandb"))):
-    for raw in records(path):
-      record = wandb_internal_pb2.Record()
-      record.ParseFromString(raw)
+    for raw in _complete(path):
+      record = _parsed(raw)
       if record.WhichOneof("record_type") == kind:
         out.append(getattr(record, kind))
   return out
