@@ -65,8 +65,9 @@ def _internals():
   from jax._src import pjit  # pylint: disable=import-outside-toplevel
   from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
 
-  needed = ((pjit, "_get_fastpath_data"), (pxla.ExecuteReplicated, "__call__"))
-  missing = [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name in needed if not hasattr(owner, name)]
+  needed = ((pjit, "_get_fastpath_data"), (pxla.ExecuteReplicated, "__call__"), (pxla.MeshExecutable, "create_cpp_call"))
+  # Defined by the owner itself: an inherited method would take the replacement without being what dispatches.
+  missing = [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name in needed if name not in vars(owner)]
   if jax.__version__ != PATCHED_JAX or missing:
     raise UserError(f"several processes on CPUs need jax=={PATCHED_JAX} (requirements.txt), whose internals glmrl "
                     f"patches there; this is jax {jax.__version__}" + (f", without {', '.join(missing)}" if missing else ""))
@@ -87,8 +88,10 @@ def one_program_at_a_time() -> None:
   dispatch.
 
   JAX has no switch for this (`jax_cpu_enable_async_dispatch` leaves multi-device programs asynchronous), so two
-  of its internals change, for the jax version requirements.txt pins (`_internals` refuses another): every call
-  takes the Python dispatch path (no C++ fast path), and that path waits for the program's outputs. What it
+  of its internals change, for the jax version requirements.txt pins (`_internals` refuses another): every call,
+  of a jitted function or of a program compiled ahead of time (`.lower().compile()`, whose C++ fast path
+  `MeshExecutable.create_cpp_call` builds), takes the Python dispatch path, and that path waits for the program's
+  outputs. What it
   costs, on CPUs only: the slower dispatch path and the overlap of host work with the devices' work."""
   pjit, pxla = _internals()
   execute = pxla.ExecuteReplicated.__call__
@@ -102,6 +105,7 @@ def one_program_at_a_time() -> None:
 
   execute_and_wait.one_at_a_time = True
   pjit._get_fastpath_data = lambda *args, **kwargs: None  # pylint: disable=protected-access
+  pxla.MeshExecutable.create_cpp_call = lambda self, params: None  # Compiled.__call__ then takes Compiled.call
   pxla.ExecuteReplicated.__call__ = execute_and_wait
 
 

@@ -1,5 +1,6 @@
 """glmrl/distributed.py across processes: two processes x 4 CPU devices, set up by `distributed.initialize` as
-main.py does, dispatch independent programs with cross-process all-reduces back to back. Without
+main.py does, dispatch independent programs with cross-process all-reduces back to back, jitted and compiled ahead of time.
+Without
 `one_program_at_a_time` the processes run them in different orders over gloo and hang (2 of 2 launches past
 100 s, where these finish in about 10 s) or abort on a size mismatch. The persistent compilation cache stays off
 there (`compilation_cache.shared_by_processes`): nothing is written to the folder main.py would give it. The
@@ -35,11 +36,13 @@ def _programs(process_id: int, port: int, cache: str) -> None:
         for n in (3, 1000, 17, 50000)]
   fns = [jax.jit(lambda a, k=k: jnp.sum(jnp.tanh(a * (k + 1)), axis=0), out_shardings=NamedSharding(mesh, P()))
          for k in range(4)]
-  outs = []
-  for _ in range(100):
-    outs += [f(x) for f, x in zip(fns, xs)]  # no data between them: free to run at once
-  for k, out in enumerate(outs[-4:]):
-    np.testing.assert_allclose(np.asarray(out), 8 * np.tanh(k + 1.0), rtol=1e-6)
+  compiled = [f.lower(x).compile() for f, x in zip(fns, xs)]  # ahead of time: another dispatch path
+  for programs in (fns, compiled):
+    outs = []
+    for _ in range(100):
+      outs += [f(x) for f, x in zip(programs, xs)]  # no data between them: free to run at once
+    for k, out in enumerate(outs[-4:]):
+      np.testing.assert_allclose(np.asarray(out), 8 * np.tanh(k + 1.0), rtol=1e-6)
   own, shared = f"{cache}_of_process_{process_id}", f"{cache}_shared"
   for folder in (own, shared):
     os.makedirs(folder, exist_ok=True)
@@ -58,13 +61,18 @@ def test_independent_programs_across_processes_on_cpus_run_one_at_a_time_without
   assert not [p for p in tmp_path.rglob(".shared_probe_*")]  # process 0 removes its probe
 
 
-@pytest.mark.parametrize("stub", ["renamed internal", "other version"])
+@pytest.mark.parametrize("stub", ["renamed internal", "other version", "renamed method"])
 def test_another_jax_than_the_patch_was_written_for_is_one_clear_error(monkeypatch, stub):
   from jax._src import pjit  # pylint: disable=import-outside-toplevel
 
   if stub == "renamed internal":
     monkeypatch.delattr(pjit, "_get_fastpath_data")
     message = r"need jax==0\.10\.2 .*, without jax\._src\.pjit\._get_fastpath_data$"
+  elif stub == "renamed method":
+    from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.delattr(pxla.MeshExecutable, "create_cpp_call")
+    message = r", without MeshExecutable\.create_cpp_call$"
   else:
     monkeypatch.setattr(jax, "__version__", "0.11.0")
     message = r"^several processes on CPUs need jax==0\.10\.2 \(requirements\.txt\), .*this is jax 0\.11\.0$"
