@@ -112,12 +112,23 @@ def one_program_at_a_time() -> None:
 def all_agree(name: str, value: bool) -> bool:
   """True when `value` is True in every process (each tells the others through the coordination service, no
   device collective); `value` in a single process."""
+  return all(v == "1" for v in _every_process(name, "1" if value else "0"))
+
+
+def smallest(name: str, value: int) -> int:
+  """The smallest of every process's `value`, the same number in every process (through the coordination
+  service): e.g. the device memory a choice must fit on every host."""
+  return min(int(v) for v in _every_process(name, str(value)))
+
+
+def _every_process(name: str, value: str) -> list[str]:
+  """Every process's `value`, in process order, in every process."""
   if jax.process_count() == 1:
-    return value
+    return [value]
   client, key = _client(), _key(name)
-  client.key_value_set(f"{key}/{jax.process_index()}", "1" if value else "0")
+  client.key_value_set(f"{key}/{jax.process_index()}", value)
   timeout_ms = BARRIER_TIMEOUT_S * 1000
-  return all(client.blocking_key_value_get(f"{key}/{i}", timeout_ms) == "1" for i in range(jax.process_count()))
+  return [client.blocking_key_value_get(f"{key}/{i}", timeout_ms) for i in range(jax.process_count())]
 
 
 def from_main(name: str, value: str) -> str:

@@ -1,11 +1,12 @@
 """glmrl/distributed.py across processes: two processes x 4 CPU devices, set up by `distributed.initialize` as
-main.py does, dispatch independent programs with cross-process all-reduces back to back, jitted and compiled ahead of time.
-Without
-`one_program_at_a_time` the processes run them in different orders over gloo and hang (2 of 2 launches past
-100 s, where these finish in about 10 s) or abort on a size mismatch. The persistent compilation cache stays off
-there (`compilation_cache.shared_by_processes`): nothing is written to the folder main.py would give it. The
-processes tell a folder they share from one each has to itself (`compilation_cache.seen_by_every_process`, the
-check behind the warning of a pod whose hosts each cache on their own disk)."""
+main.py does, dispatch independent programs with cross-process all-reduces back to back, jitted and compiled ahead
+of time. Without `one_program_at_a_time` the processes run them in different orders over gloo and hang (2 of 2
+launches past 100 s, where these finish in about 10 s; the compiled ones without their part of the patch, past
+120 s) or abort on a size mismatch. The persistent compilation cache stays off there
+(`compilation_cache.shared_by_processes`): nothing is written to the folder main.py would give it. The processes
+tell a folder they share from one each has to itself (`compilation_cache.seen_by_every_process`, the check behind
+the warning of a pod whose hosts each cache on their own disk), and resolve `auto` to one layout when their
+devices report different memory."""
 
 import json
 import os
@@ -46,9 +47,27 @@ def _programs(process_id: int, port: int, cache: str) -> None:
   own, shared = f"{cache}_of_process_{process_id}", f"{cache}_shared"
   for folder in (own, shared):
     os.makedirs(folder, exist_ok=True)
-  seen = {"own": compilation_cache.seen_by_every_process(own), "shared": compilation_cache.seen_by_every_process(shared)}
+  seen = {"own": compilation_cache.seen_by_every_process(own), "shared": compilation_cache.seen_by_every_process(shared),
+          "ar_weights": _auto_with_other_memory(process_id)}
   distributed.finished()
   print(json.dumps(seen))
+
+
+def _auto_with_other_memory(process_id: int) -> dict:
+  """The demo's `rollout.ar_weights=auto` where process 0's devices report 1 TiB and process 1's just its resident
+  state (room for no generator copy): what each process's own memory picks, and what the run resolves."""
+  from configs import demo  # pylint: disable=import-outside-toplevel
+  from glmrl import device_memory, sharding  # pylint: disable=import-outside-toplevel
+  from glmrl.aot import auto, programs  # pylint: disable=import-outside-toplevel
+  from glmrl.train import setup  # pylint: disable=import-outside-toplevel
+
+  config = demo.get_config()
+  mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  run = programs.build(config, mesh, "cpu", 2 ** 40)
+  own = 2 ** 40 if process_id == 0 else sum(run.resident_bytes().values())
+  device_memory.limit_bytes = lambda: own
+  return {"own": auto.ar_weights(config, mesh, lambda: run, own).value,
+          "run": setup.resolve_auto(config, mesh).rollout.ar_weights}
 
 
 def test_independent_programs_across_processes_on_cpus_run_one_at_a_time_without_the_compilation_cache(tmp_path):
@@ -57,7 +76,9 @@ def test_independent_programs_across_processes_on_cpus_run_one_at_a_time_without
                         for i in range(2)], {**env(4), "JAX_COMPILATION_CACHE_DIR": str(cache)}, timeout=TIMEOUT_S)
   assert not cache.exists()
   seen = [json.loads(out.strip().splitlines()[-1]) for out in outs]
-  assert seen == [{"own": False, "shared": True}] * 2, seen
+  # Each process's own memory would pick another layout; the run picks the one that fits the smaller.
+  assert seen == [{"own": False, "shared": True, "ar_weights": {"own": "gathered", "run": "update"}},
+                  {"own": False, "shared": True, "ar_weights": {"own": "update", "run": "update"}}], seen
   assert not [p for p in tmp_path.rglob(".shared_probe_*")]  # process 0 removes its probe
 
 

@@ -121,13 +121,17 @@ def load_records(config, train: bool = True):
 
 
 def resolve_auto(config, mesh):
-  """`config` with its `auto` settings chosen for this process's platform and devices (`glmrl.aot.auto`), each
-  choice logged in one line; UserError when the run's resident state cannot fit a device at all."""
+  """`config` with its `auto` settings chosen for the run's platform and devices (`glmrl.aot.auto`), each choice
+  logged in one line by process 0; UserError when the run's resident state cannot fit a device at all.
+
+  One choice for every process: they decide from the smallest device memory any of them reports (hosts of one
+  run can report different sizes), as two processes that built different programs would wait on each other's
+  collectives for ever."""
   if "auto" not in (config.rollout.ar_weights, config.model.dit_attention):
     return config
   from glmrl.aot import programs  # pylint: disable=import-outside-toplevel  # it builds on this module
 
-  platform, hbm = jax.default_backend(), device_memory.limit_bytes()
+  platform, hbm = jax.default_backend(), distributed.smallest("device memory", device_memory.limit_bytes())
 
   def abstract_run():
     run = programs.build(config, mesh, platform, hbm)
@@ -135,7 +139,7 @@ def resolve_auto(config, mesh):
     return run
 
   config, choices = auto.resolve(config, mesh, platform, hbm, abstract_run)
-  for choice in choices:
+  for choice in choices if distributed.is_main() else ():
     logging.info("%s", choice.line())
   return config
 
