@@ -194,6 +194,7 @@ RULES: dict[str, Rule] = {
     "decoder.ema.every": integer(0, why="must be >= 0 (0 keeps no moving average)"),
     "decoder.ema.ramp": NON_NEGATIVE,
     "decoder.ema.flat": integer(0),
+    "decoder.ema.steps_per_rollout": integer(1),
     "decoder.group_size": integer(2, why="must be at least 2 (advantages are relative to the group)"),
     "decoder.noise_level": POSITIVE,
     "decoder.train_steps": integer(1),

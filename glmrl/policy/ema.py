@@ -1,13 +1,16 @@
 """An exponential moving average of a policy's trained parameters: DiffusionNFT's old policy (it samples the
 rollouts and is the v_old of the loss), AWM's anchor, and a smoother model to evaluate or export.
 
-After every `every`-th rollout step (counting from 1), ema <- decay_n ema + (1 - decay_n) params, with
-decay_n = 0 for n < `flat`, then min(decay, ramp * (n - flat)) when `ramp` > 0, else `decay` (DiffusionNFT's
-`return_decay` schedules, NVlabs/DiffusionNFT scripts/train_nft_sd3.py lines 169-189: its decay_type 1 is flat 0,
-ramp 0.001, decay 0.5; type 2 flat 75, ramp 0.0075, decay 0.999: the old policy follows the trained one exactly,
-then ever more slowly). The
-average is kept in float32 whatever the parameters' dtype (a bfloat16 average would round the small
-(1 - decay) steps away) and placed like the parameters.
+After every `every`-th rollout step s (counting from 1), ema <- decay_n ema + (1 - decay_n) params, where
+n = s * `steps_per_rollout` is the schedule's step and decay_n = 0 for n < `flat`, then
+min(decay, ramp * (n - flat)) when `ramp` > 0, else `decay`. This is DiffusionNFT's `return_decay`
+(NVlabs/DiffusionNFT scripts/train_nft_sd3.py lines 169-189: its decay_type 1 is flat 0, ramp 0.001, decay 0.5;
+type 2 flat 75, ramp 0.0075, decay 0.999: the old policy follows the trained one exactly, then ever more slowly),
+which its loop evaluates once per epoch (one rollout) at its `global_step`, the gradient steps taken so far (lines
+1021 and 1035): `steps_per_rollout` is its gradient steps per epoch, 2 in its OCR recipe
+(`config/nft.py` `sd3_ocr`, gradient_step_per_epoch=2), 1 in the others. The average is kept in float32 whatever
+the parameters' dtype (a bfloat16 average would round the small (1 - decay) steps away) and placed like the
+parameters.
 """
 
 from __future__ import annotations
@@ -26,16 +29,18 @@ class EmaSettings:
   every: int = 0
   ramp: float = 0.0
   flat: int = 0
+  steps_per_rollout: int = 1
 
   @property
   def enabled(self) -> bool:
     return self.every > 0
 
   def decay_at(self, step: int) -> float:
-    """The decay of the update after rollout step `step` (1-based)."""
-    if step < self.flat:
+    """The decay of the update after rollout step `step` (1-based), at schedule step `step * steps_per_rollout`."""
+    n = step * self.steps_per_rollout
+    if n < self.flat:
       return 0.0
-    return min(self.decay, self.ramp * (step - self.flat)) if self.ramp > 0 else self.decay
+    return min(self.decay, self.ramp * (n - self.flat)) if self.ramp > 0 else self.decay
 
   def due(self, step: int) -> bool:
     return self.enabled and step % self.every == 0

@@ -3,6 +3,7 @@
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from glmrl.policy import ema
 
@@ -53,3 +54,30 @@ def test_diffusion_nft_decay_types_as_settings():
     np.testing.assert_allclose(got, [diffusion_nft_decay(decay_type, s) for s in range(300)], rtol=1e-12, atol=0)
   flat = ema.EmaSettings(decay=0.999, every=1, ramp=0.0075, flat=75)
   assert flat.decay_at(74) == 0.0 and flat.decay_at(76) > 0.0 and flat.decay_at(299) == 0.999
+
+
+def diffusion_nft_old_policy_decays(decay_type: int, gradient_steps_per_epoch: int, epochs: int) -> list[float]:
+  """The decay of each epoch's old-policy update as DiffusionNFT's loop drives `return_decay`
+  (scripts/train_nft_sd3.py at 24af555): `global_step += 1` after each gradient step of the epoch (line 1021),
+  then after the epoch's updates `decay = return_decay(global_step, config.decay_type)` (line 1035)."""
+  global_step, out = 0, []
+  for _ in range(epochs):
+    for _ in range(gradient_steps_per_epoch):
+      global_step += 1
+    out.append(diffusion_nft_decay(decay_type, global_step))
+  return out
+
+
+def test_diffusion_nft_ocr_recipe_decays_as_its_training_loop_counts_them():
+  """Its OCR recipe (config/nft.py `sd3_ocr`: decay_type 2, gradient_step_per_epoch=2), 300 rollouts: its numbers
+  with steps_per_rollout=2 give its decay after every rollout; counted in rollouts they lag 2x (after rollout 100:
+  0.1875 where it has 0.9375)."""
+  want = diffusion_nft_old_policy_decays(2, 2, 300)
+  ocr = ema.EmaSettings(decay=0.999, every=1, ramp=0.0075, flat=75, steps_per_rollout=2)
+  np.testing.assert_allclose([ocr.decay_at(s) for s in range(1, 301)], want, rtol=1e-12, atol=0)
+  per_rollout = ema.EmaSettings(decay=0.999, every=1, ramp=0.0075, flat=75)
+  assert want[99] == pytest.approx(0.9375) and per_rollout.decay_at(100) == pytest.approx(0.1875)
+  # Its default (decay_type 1, one gradient step per epoch) is the schedule counted in rollouts.
+  default = ema.EmaSettings(decay=0.5, every=1, ramp=0.001)
+  np.testing.assert_allclose([default.decay_at(s) for s in range(1, 301)], diffusion_nft_old_policy_decays(1, 1, 300),
+                             rtol=1e-12, atol=0)
