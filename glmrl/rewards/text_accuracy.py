@@ -6,9 +6,12 @@ from both and lowercases them, and scores 1 - d / len(t) with d = 0 if t is a su
 the Levenshtein distance between r and t, capped at len(t) (so many unrelated characters cost no
 more than reading nothing). Implemented here, per prompt:
 
-- expected texts: every quoted span, from `glmrl.models.glyph.extract_glyph_texts` (the pipeline's
-  own extraction: 'single', \u201ccurly\u201d, "straight" and \u300ccorner\u300d quotes), not only the
-  first double-quoted one; texts empty after normalisation are skipped;
+- expected texts (`targets`): "glyphs" (default), every quoted span, from
+  `glmrl.models.glyph.extract_glyph_texts` (the pipeline's own extraction: 'single', \u201ccurly\u201d,
+  "straight" and \u300ccorner\u300d quotes); "flow_grpo", Flow-GRPO's rule, the text between the prompt's first
+  two straight double quotes (`prompt.split('"')[1]`). `A bakery's sign "OPEN", it's` holds one target by
+  Flow-GRPO's rule and two by the glyphs' (the apostrophes quote "s sign \"OPEN\", it"). Texts empty after
+  normalisation are skipped;
 - normalisation: all whitespace removed and str.lower() (Flow-GRPO removes ' ' only; this differs
   only for other whitespace, e.g. newlines between the lines of a server's reading);
 - `match="flow_grpo"` (default): Flow-GRPO's d above, for each text against the whole reading;
@@ -22,7 +25,7 @@ The reading comes from a reward server whose scorer returns texts (`glmrl.reward
 server failure raises (Flow-GRPO gave the maximum penalty on OCR exceptions).
 
     {"name": "text_accuracy", "weight": 1.0,
-     "kwargs": {"url": "http://127.0.0.1:8001/score", "match": "flow_grpo"}}
+     "kwargs": {"url": "http://127.0.0.1:8001/score", "match": "flow_grpo", "targets": "glyphs"}}
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from glmrl.rewards.registry import register_factory
 from glmrl.rewards.remote import RemoteRewardClient
 
 MATCHES = ("flow_grpo", "substring")
+TARGETS = ("glyphs", "flow_grpo")
 
 
 def edit_distance(a: str, b: str) -> int:
@@ -82,20 +86,27 @@ def text_score(expected: str, reading: str, match: str = "flow_grpo") -> float:
   return 1.0 - d / len(t)
 
 
-def expected_texts(prompt: str) -> list[str]:
-  """The prompt's quoted texts that are non-empty after normalisation."""
-  return [t for t in extract_glyph_texts(prompt) if normalize_text(t)]
+def expected_texts(prompt: str, targets: str = "glyphs") -> list[str]:
+  """The prompt's quoted texts by the `targets` rule (see the module doc) that are non-empty after normalisation."""
+  if targets not in TARGETS:
+    raise ValueError(f"targets={targets!r} must be one of {TARGETS}")
+  if targets == "glyphs":
+    texts = extract_glyph_texts(prompt)
+  else:
+    spans = prompt.split('"')
+    texts = spans[1:2]
+  return [t for t in texts if normalize_text(t)]
 
 
 def text_accuracy(prompts: Sequence[str], readings: Sequence[str | None], *, match: str = "flow_grpo",
-                  no_text_score: float | None = None) -> np.ndarray:
+                  no_text_score: float | None = None, targets: str = "glyphs") -> np.ndarray:
   """float32 [B]: mean text_score over each prompt's texts; `readings[i]` may be None for a prompt
   without texts (scored `no_text_score`)."""
   if len(prompts) != len(readings):
     raise ValueError(f"{len(prompts)} prompts but {len(readings)} readings")
   out = []
   for prompt, reading in zip(prompts, readings):
-    texts = expected_texts(prompt)
+    texts = expected_texts(prompt, targets)
     if not texts:
       if no_text_score is None:
         raise ValueError(f"prompt {prompt!r} has no quoted text to check (set no_text_score to score such prompts)")
@@ -106,12 +117,14 @@ def text_accuracy(prompts: Sequence[str], readings: Sequence[str | None], *, mat
 
 
 def text_accuracy_factory(url: str, *, match: str = "flow_grpo", no_text_score: float | None = None,
-                          timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 0.5,
+                          targets: str = "glyphs", timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 0.5,
                           max_backoff_s: float = 8.0, chunk_size: int = 8, max_workers: int = 4,
                           metadata_keys: Sequence[str] = ()):
   """A host-side reward fn(images, prompts, metadata) scoring the OCR server's readings."""
   if match not in MATCHES:
     raise ValueError(f"reward 'text_accuracy': match={match!r} must be one of {MATCHES}")
+  if targets not in TARGETS:
+    raise ValueError(f"reward 'text_accuracy': targets={targets!r} must be one of {TARGETS}")
   if no_text_score is not None and (isinstance(no_text_score, bool)
                                     or not isinstance(no_text_score, (int, float))
                                     or not np.isfinite(no_text_score)):
@@ -126,7 +139,7 @@ def text_accuracy_factory(url: str, *, match: str = "flow_grpo", no_text_score: 
       raise ValueError(f"reward 'text_accuracy': prompts must be a list of strings, got {prompts!r:.200}")
     if len(prompts) != np.shape(images)[0]:
       raise ValueError(f"reward 'text_accuracy': {len(prompts)} prompts for {np.shape(images)[0]} images")
-    has_text = [bool(expected_texts(p)) for p in prompts]
+    has_text = [bool(expected_texts(p, targets)) for p in prompts]
     missing = [p for p, h in zip(prompts, has_text) if not h]
     if missing and no_text_score is None:
       raise ValueError(f"reward 'text_accuracy': prompt(s) {missing[:3]!r} have no quoted text to check "
@@ -138,7 +151,7 @@ def text_accuracy_factory(url: str, *, match: str = "flow_grpo", no_text_score: 
       sub_meta = {k: [metadata[k][i] for i in rows] for k in client.metadata_keys if metadata and k in metadata}
       for i, reading in zip(rows, client.texts(images[rows], [prompts[i] for i in rows], sub_meta)):
         readings[i] = reading
-    return text_accuracy(prompts, readings, match=match, no_text_score=no_text_score)
+    return text_accuracy(prompts, readings, match=match, no_text_score=no_text_score, targets=targets)
 
   return text_accuracy_reward
 

@@ -99,6 +99,19 @@ def test_multi_text_prompts_and_quote_kinds():
   np.testing.assert_allclose(ta.text_accuracy(["a cat"], [None], no_text_score=0.25), [0.25])
 
 
+@pytest.mark.parametrize("reading", ["OPEN", "open sesame", "", "s sign open it", "OPAN"])
+def test_flow_grpo_targets_are_the_first_double_quoted_span(reading):
+  """targets="flow_grpo": Flow-GRPO's target rule, where the glyph rule also takes the span between apostrophes."""
+  prompt = 'A bakery\'s sign "OPEN", it\'s'
+  assert ta.expected_texts(prompt, "flow_grpo") == ["OPEN"]
+  assert ta.expected_texts(prompt) == ['s sign "OPEN", it', "OPEN"]
+  got = ta.text_accuracy([prompt], [reading], targets="flow_grpo")[0]
+  assert got == pytest.approx(_flow_grpo(prompt, reading), abs=1e-6)
+  assert ta.expected_texts('two "A" and "B"', "flow_grpo") == ["A"] and ta.expected_texts("no quotes", "flow_grpo") == []
+  with pytest.raises(ValueError, match="targets='first' must be one of"):
+    ta.expected_texts(prompt, "first")
+
+
 @contextlib.contextmanager
 def ocr_server():
   """Reference server whose 'OCR' returns metadata['reading']; records the prompts it was sent."""

@@ -1,5 +1,5 @@
-"""An offline OCR scorer: the text each image shows, read by PP-OCRv4 (PaddleOCR's detector and Chinese/English
-recogniser, as Flow-GRPO's OCR reward uses) run with ONNX Runtime from the models the `rapidocr-onnxruntime` wheel
+"""An offline OCR scorer: the text each image shows, read by PP-OCRv4 (PaddleOCR's detector and its Chinese
+recogniser, which reads Latin script too) run with ONNX Runtime from the models the `rapidocr-onnxruntime` wheel
 carries. Nothing is downloaded at run time.
 
     pip install -r requirements-ocr.txt
@@ -7,10 +7,21 @@ carries. Nothing is downloaded at run time.
 
 serves {"texts": [...]} for the `text_accuracy`, `ocr_word_accuracy` and `ocr_ned` rewards and the `ocr`
 benchmark. The engine is built when this module is imported (the server starts with it, or fails in one line).
+
+Two reading rules, one scorer each:
+- `read`: the recognitions of confidence >= `MIN_CONFIDENCE`, in reading order (`reading_order`);
+- `read_flow_grpo`: Flow-GRPO's rule (flow_grpo/ocr.py `OcrScorer`): every recognition of confidence > 0, in the
+  engine's order. Flow-GRPO runs PaddleOCR's English recogniser (`lang="en"`, downloaded by PaddleOCR at run time);
+  no wheel on PyPI ships those weights for ONNX Runtime, so both rules read with the models above, and the numbers
+  are comparable with Flow-GRPO's only as far as the two recognisers agree.
+
+An image the engine cannot read (it raises, e.g. an 8 x 4096 strip) reads as nothing, logged in one line on the
+server's stderr: that image scores as a failed read (Flow-GRPO's maximum penalty), the rest of the request its own.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -34,8 +45,9 @@ _LOCK = threading.Lock()  # one ONNX Runtime session pair, not documented as saf
 
 
 def reading_order(lines: list) -> list[str]:
-  """Texts of (box [4 x (x, y)], text, confidence) detections in reading order: rows top to bottom (a box whose
-  vertical centre lies within the previous box's height continues its row), each row left to right."""
+  """Texts of (box [4 x (x, y)], text, confidence) detections of confidence >= MIN_CONFIDENCE in reading order: rows
+  top to bottom (a box whose vertical centre lies within the previous box's height continues its row), each row left
+  to right."""
   boxes = sorted(((np.asarray(box, np.float64), text) for box, text, conf in lines if conf >= MIN_CONFIDENCE),
                  key=lambda b: b[0][:, 1].mean())
   rows, last = [], None
@@ -49,15 +61,44 @@ def reading_order(lines: list) -> list[str]:
   return [text for row in rows for _, text in sorted(row, key=lambda r: r[0])]
 
 
-def read_one(image: np.ndarray) -> str:
-  """The text of one uint8 [H, W, 3] RGB image, its detections joined by spaces in reading order ("" for none)."""
+def flow_grpo_order(lines: list) -> list[str]:
+  """Texts of (box, text, confidence) detections as Flow-GRPO keeps them: confidence > 0, in the engine's order."""
+  return [text for _, text, conf in lines if conf > 0]
+
+
+def detections(image: np.ndarray) -> list:
+  """(box, text, confidence) of each text line the engine finds in one uint8 [H, W, 3] RGB image."""
   with _LOCK:
     # RapidOCR takes OpenCV's BGR order for arrays.
     lines, _ = _ENGINE(np.ascontiguousarray(image[..., ::-1]))
-  return " ".join(reading_order(lines or []))
+  return lines or []
+
+
+def read_one(image: np.ndarray, rule=reading_order) -> str:
+  """The text of one uint8 [H, W, 3] RGB image, the detections `rule` keeps joined by spaces ("" for none)."""
+  return " ".join(rule(detections(image)))
+
+
+def _read_all(images, rule) -> list[str]:
+  out = []
+  for i, image in enumerate(images):
+    image = np.asarray(image)
+    try:
+      out.append(read_one(image, rule))
+    except Exception as e:  # pylint: disable=broad-except  # the engine's failure is this image's alone
+      print(f"OCR: image {i} of the request ({image.shape[1]} x {image.shape[0]}) could not be read "
+            f"({type(e).__name__}: {e}); it reads as nothing", file=sys.stderr, flush=True)
+      out.append("")
+  return out
 
 
 def read(images, prompts, metadata) -> list[str]:
-  """The server's scorer: one reading per image."""
+  """The server's scorer: one reading per image (confidence >= MIN_CONFIDENCE, reading order)."""
   del prompts, metadata  # the reading is the image's alone
-  return [read_one(np.asarray(im)) for im in images]
+  return _read_all(images, reading_order)
+
+
+def read_flow_grpo(images, prompts, metadata) -> list[str]:
+  """The server's scorer with Flow-GRPO's reading rule: every recognition of confidence > 0, the engine's order."""
+  del prompts, metadata
+  return _read_all(images, flow_grpo_order)

@@ -2,6 +2,8 @@
 served as users start it, it rewards a decoupled run's decoder and scores `--mode=eval` on the `ocr` benchmark.
 Renders use Pillow's bundled font and the Debian fonts present (DejaVu, Liberation)."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -89,6 +91,38 @@ def test_text_accuracy_through_the_server_ranks_the_prompts_text_above_other_tex
     server.shutdown()
     server.server_close()
   assert right >= 0.9 and wrong <= 0.3 and right > wrong, (right, wrong)
+
+
+def test_flow_grpo_reading_and_target_rules_score_the_render_of_a_prompts_first_double_quoted_text():
+  """Flow-GRPO's rules through the server (`read_flow_grpo`, `targets="flow_grpo"`): the apostrophe prompt's one
+  target OPEN, read from a render of OPEN, scores 1.0; the glyph rule also asks for the span between its
+  apostrophes, read nowhere. An image the engine cannot read (8 x 4096: it raises) costs that image, scored as a
+  failed read, and one line on the server's stderr, not the request."""
+  server = server_lib.RewardServer(ocr.read_flow_grpo, port=0)
+  threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+  try:
+    prompt = 'A bakery\'s sign "OPEN", it\'s'
+    images = [render("OPEN", fonts(48)[-1]), np.full((8, 4096, 3), 255, np.uint8)]
+    with pytest.raises(Exception):  # the engine alone
+      ocr.detections(images[1])
+    flow_grpo = rewards.get("text_accuracy").build(url=server.url, targets="flow_grpo", chunk_size=2).fn
+    glyphs = rewards.get("text_accuracy").build(url=server.url, chunk_size=2).fn
+    out = io.StringIO()
+    with contextlib.redirect_stderr(out):  # the server runs in this process
+      read_back, strip = flow_grpo(images[0][None], [prompt], {}), flow_grpo(images[1][None], [prompt], {})
+      both_rules = glyphs(images[0][None], [prompt], {})
+      together = ocr.read_flow_grpo(images, None, None)  # what the server's scorer answers for one request of both
+  finally:
+    server.shutdown()
+    server.server_close()
+  assert read_back.tolist() == [1.0] and strip.tolist() == [0.0]
+  assert both_rules[0] < 0.75, both_rules  # OPEN's 1.0 averaged with the apostrophes' span
+  assert together[0].replace(" ", "").lower() == "open" and together[1] == "", together
+  # One line per unreadable image: the strip sent alone (image 0 of its request), then beside the render (image 1).
+  logged = [line for line in out.getvalue().splitlines() if line.startswith("OCR:")]
+  assert [line.split(" could not be read (")[0] for line in logged] == [
+      f"OCR: image {i} of the request (4096 x 8)" for i in (0, 1)], logged
+  assert all(line.endswith("); it reads as nothing") for line in logged), logged
 
 
 @pytest.fixture
