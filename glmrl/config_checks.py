@@ -30,6 +30,7 @@ from glmrl.logging import wandb_run
 from glmrl.models import glm_image
 from glmrl.models import lora as lora_lib
 from glmrl.models.dit import attention as dit_attention
+from glmrl.policy import dit_matching
 from glmrl.policy import registry as policy_registry
 from glmrl.rewards import compose
 
@@ -184,6 +185,10 @@ RULES: dict[str, Rule] = {
     "decoder.sde_type": choice(*grpo_flow.SDE_TYPES),
     "decoder.logprob": choice(*grpo_flow.LOGPROBS),
     "decoder.train_timesteps": integer(0, why="must be >= 0 (0: every step of decoder.train_steps)"),
+    "decoder.timestep_draw": choice(*dit_matching.TIMESTEP_DRAWS),
+    "decoder.high_noise_steps": integer(0),
+    "decoder.stratified_fraction": number(lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "decoder.timestep_sharing": choice(*dit_matching.TIMESTEP_SHARING),
     "decoder.nft_beta": number(lambda v: 0 < v <= 1, "must be in (0, 1] (DiffusionNFT's b)"),
     "decoder.awm_weighting": choice(*grpo_matching.AWM_WEIGHTINGS),
     "decoder.awm_ghuber_power": number(lambda v: 0 < v <= 1, "must be in (0, 1]"),
@@ -329,6 +334,19 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
   _check(values["decoder.train_timesteps"] <= steps, "config.decoder.train_timesteps",
          values["decoder.train_timesteps"], f"must be <= config.decoder.train_steps={steps} (distinct steps of the "
          "rollout's schedule per image)")
+  draw, slots = values["decoder.timestep_draw"], values["decoder.train_timesteps"]
+  if draw == "high_noise":
+    high = values["decoder.high_noise_steps"]
+    _check(1 <= high <= steps, "config.decoder.high_noise_steps", high,
+           f"must be in [1, config.decoder.train_steps={steps}] with decoder.timestep_draw='high_noise' (the first "
+           "steps it draws from: DGPO's trunc_steps + 1)")
+    _check(slots <= high, "config.decoder.train_timesteps", slots,
+           f"must be <= config.decoder.high_noise_steps={high} (distinct steps of the first {high})")
+  if draw == "stratified":
+    top = int(steps * values["decoder.stratified_fraction"])
+    _check(1 <= slots <= top - 1, "config.decoder.train_timesteps", slots,
+           f"must be in [1, {top - 1}] with decoder.timestep_draw='stratified' (one step per stratum of steps 1 .. "
+           f"int(train_steps x stratified_fraction) = {top})")
   algorithm, every = values["decoder.algorithm"], values["decoder.ema.every"]
   _check(algorithm != "nft" or every >= 1, "config.decoder.ema.every", every,
          "decoder.algorithm='nft' samples with and contrasts against the moving average (its old policy): set it "
@@ -341,6 +359,10 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
   for key, off in (("decoder.awm_weighting", "uniform"), ("decoder.advantage_max", 0.0)):
     _check(values[key] == off or algorithm == "awm", f"config.{key}", values[key],
            f"is awm's; config.decoder.algorithm={algorithm!r} does not read it")
+  for key, off in (("decoder.timestep_draw", "uniform"), ("decoder.timestep_sharing", "image")):
+    _check(values[key] == off or algorithm != "flow_grpo", f"config.{key}", values[key],
+           "is how nft, awm and dgpo draw the steps they train; flow_grpo trains its rollout's own steps "
+           "(decoder.window_*)")
   _check(values["data.mode"] == "t2i", "config.data.mode", values["data.mode"],
          f"the decoder policy (config.train.policies={values['train.policies']!r}) trains text-to-image only: its "
          "update does not read the condition images' DiT cache yet")

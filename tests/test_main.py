@@ -94,6 +94,17 @@ def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_pat
                                          "moving average"),
     (("--config.decoder.algorithm=awm", "--config.decoder.train_timesteps=5"),
      "config.decoder.train_timesteps=5: must be <= config.decoder.train_steps=4"),
+    (("--config.decoder.algorithm=dgpo", "--config.decoder.timestep_draw=high_noise"),
+     "config.decoder.high_noise_steps=0: must be in [1, config.decoder.train_steps=4] with "
+     "decoder.timestep_draw='high_noise'"),
+    (("--config.decoder.algorithm=dgpo", "--config.decoder.timestep_draw=high_noise",
+      "--config.decoder.high_noise_steps=2", "--config.decoder.train_timesteps=3"),
+     "config.decoder.train_timesteps=3: must be <= config.decoder.high_noise_steps=2"),
+    (("--config.decoder.algorithm=awm", "--config.decoder.timestep_draw=stratified"),
+     "config.decoder.train_timesteps=0: must be in [1, 2] with decoder.timestep_draw='stratified' (one step per "
+     "stratum of steps 1 .. int(train_steps x stratified_fraction) = 3)"),
+    (("--config.decoder.timestep_sharing=batch",),
+     "config.decoder.timestep_sharing='batch': is how nft, awm and dgpo draw the steps they train; flow_grpo"),
     (("--config.decoder.sde_type=cps", "--config.decoder.window_start=2"),
      "config.decoder.window_start=2: must be -1 or in [0, 1] with decoder.sde_type='cps'"),
     (("--config.decoder.window_start=3",), "config.decoder.window_start=3: must be -1 or in [0, 2]"),

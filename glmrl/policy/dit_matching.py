@@ -5,8 +5,10 @@ algorithm gives its objective (its loss of one slot).
 
 The rollout is the plain ODE sampler (decoder.train_steps steps at decoder.train_guidance; 1.0 is CFG-free,
 one DiT pass per step); only the clean latents x0 of each image are kept, no trajectory. Each image then
-trains at `decoder.train_timesteps` steps of that schedule drawn without replacement (DiffusionNFT trains at
-the sampling schedule's own timesteps, shuffled per sample), noised with fresh eps per (image, timestep):
+trains at `decoder.train_timesteps` steps of that schedule (`draw_slots`, by `decoder.timestep_draw`: distinct
+steps of the whole schedule, as DiffusionNFT trains at the sampling schedule's own timesteps shuffled per sample;
+of its first steps, DGPO's; one per stratum, AWM's), drawn per image, per group or once for the batch
+(`decoder.timestep_sharing`), noised with fresh eps per (image, timestep):
 x_t = (1 - sigma) x0 + sigma eps with the schedule's sigma, the DiT run at the schedule's timestep, as the
 sampler pairs them. eps is drawn from a per-image key folded with the timestep's slot, so every iteration
 of an update sees the same x_t (AWM's old and new log-probs then compare the same points).
@@ -23,6 +25,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax import struct
 
@@ -133,11 +136,43 @@ def accumulate_gradients(graphdef, params, frozen, rollout: MatchingRollout, anc
 update = functools.partial(dit.update, accumulate_gradients)
 
 
-def draw_slots(key, model_timesteps_s, sigmas_e, images: int, slots: int):
-  """([B, W] timesteps, [B, W] sigmas): W distinct steps of the s-step schedule per image, uniformly."""
+TIMESTEP_DRAWS = ("uniform", "high_noise", "stratified")
+TIMESTEP_SHARING = ("image", "group", "batch")
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotDraw:
+  """How an update's trained steps are drawn from the rollout's s-step schedule (config.decoder.timestep_*):
+  - "uniform": `slots` distinct steps of all s, uniformly;
+  - "high_noise": `slots` distinct steps of the first `high_noise_steps` (the noisiest), uniformly: DGPO's draw
+    (Luo-Yihong/DGPO scripts/train_sd3_dgpo.py lines 1062-1064: `random.sample(range(trunc_steps + 1), M)`);
+  - "stratified": one step in each of `slots` strata of steps 1 .. int(s x `fraction`): AWM's `discrete_wo_init`
+    (scxue/advantage_weighted_matching scripts/train_sd3_awm.py lines 1198-1205), the strata's bounds those of
+    torch.linspace(1, int(s x fraction), slots + 1) truncated to integers, step = lower + int(u x (upper - lower)).
+  Each draw is made per image, per group or once for the whole batch (`sharing`; both repositories share theirs
+  across the batch)."""
+  kind: str = "uniform"
+  sharing: str = "image"
+  high_noise_steps: int = 0
+  fraction: float = 0.9
+
+  def indices(self, key, steps: int, draws: int, slots: int) -> jax.Array:
+    """int32 [draws, slots]: schedule step indices, one row per draw."""
+    if self.kind == "stratified":
+      top = int(steps * self.fraction)
+      bounds = np.linspace(1, top, slots + 1, dtype=np.float32).astype(np.int64)  # torch.linspace(...).long()
+      lower, width = bounds[:-1], bounds[1:] - bounds[:-1]
+      u_DxW = jax.random.uniform(key, (draws, slots))
+      return (lower + (u_DxW * width).astype(jnp.int32)).astype(jnp.int32)
+    candidates = self.high_noise_steps if self.kind == "high_noise" else steps
+    return jnp.argsort(jax.random.uniform(key, (draws, candidates)), axis=1)[:, :slots].astype(jnp.int32)
+
+
+def draw_slots(key, model_timesteps_s, sigmas_e, draws: int, slots: int, draw: SlotDraw = SlotDraw()):
+  """([D, W] timesteps, [D, W] sigmas): W steps of the s-step schedule for each of `draws` draws (`SlotDraw`)."""
   steps = model_timesteps_s.shape[0]
-  idx_BxW = jnp.argsort(jax.random.uniform(key, (images, steps)), axis=1)[:, :slots]
-  return model_timesteps_s[idx_BxW], sigmas_e[:steps][idx_BxW]
+  idx_DxW = draw.indices(key, steps, draws, slots)
+  return model_timesteps_s[idx_DxW], sigmas_e[:steps][idx_DxW]
 
 
 class MatchingPolicy(dit.DitPolicy):
@@ -156,8 +191,25 @@ class MatchingPolicy(dit.DitPolicy):
         reference=settings.reference)
 
   def slots(self) -> int:
-    """Trained slots per image: decoder.train_timesteps, 0: every step of the rollout's schedule."""
-    return self.config.decoder.train_timesteps or self.train_steps
+    """Trained slots per image: decoder.train_timesteps, 0: every step the draw can take (the rollout's schedule,
+    or its first decoder.high_noise_steps)."""
+    d = self.config.decoder
+    return d.train_timesteps or (d.high_noise_steps if d.timestep_draw == "high_noise" else self.train_steps)
+
+  def slot_draw(self) -> SlotDraw:
+    """decoder.timestep_*; a policy whose groups share their noise draws per group at least."""
+    d = self.config.decoder
+    sharing = "group" if self.shares_group_noise and d.timestep_sharing == "image" else d.timestep_sharing
+    return SlotDraw(kind=d.timestep_draw, sharing=sharing, high_noise_steps=d.high_noise_steps,
+                    fraction=float(d.stratified_fraction))
+
+  def trained_slots(self, key, model_timesteps_s, sigmas_e, rows: int, group: int) -> tuple:
+    """([rows, W] timesteps, [rows, W] sigmas) of a rollout of `rows` images in groups of `group` consecutive rows:
+    one draw per image, per group or for all rows (`slot_draw`)."""
+    draw = self.slot_draw()
+    rows_per_draw = {"image": 1, "group": group, "batch": rows}[draw.sharing]
+    timesteps, sigmas = draw_slots(key, model_timesteps_s, sigmas_e, rows // rows_per_draw, self.slots(), draw)
+    return jnp.repeat(timesteps, rows_per_draw, axis=0), jnp.repeat(sigmas, rows_per_draw, axis=0)
 
   def rollout_leg(self, run, prepared, sample, key, dit_params, step: int) -> tuple:
     """(images, MatchingRollout, metrics): every grid decoded by the ODE, the clean latents kept with each image's
@@ -169,12 +221,14 @@ class MatchingPolicy(dit.DitPolicy):
     images, x0 = self.decode(run, prepared, target_B, latents, cond, dit_params)
     b = x0.shape[0]
     g = run.request.samples_per_grid if self.shares_group_noise else 1
-    timesteps, sigmas = draw_slots(slot_key, *pipeline.schedule(self.train_steps), b // g, self.slots())
+    timesteps, sigmas = self.trained_slots(slot_key, *pipeline.schedule(self.train_steps), b,
+                                           run.request.samples_per_grid)
     keys = jax.random.split(train_key, b // g)
     per_row = lambda x: pipeline.shard_batch(jnp.repeat(x, g, axis=0) if g > 1 else x)
     rollout = MatchingRollout(
         **self.rows(pipeline, cond), x0=pipeline.shard_batch(x0), noise_keys=per_row(keys),
-        timesteps=per_row(timesteps), sigmas=per_row(sigmas), old_logp=None, advantages=None, mask=None)
+        timesteps=pipeline.shard_batch(timesteps), sigmas=pipeline.shard_batch(sigmas), old_logp=None,
+        advantages=None, mask=None)
     return images, rollout, {}
 
   def rollout_batch(self, sampled, advantages, keep) -> MatchingRollout:
