@@ -120,6 +120,9 @@ def base_config() -> ml_collections.ConfigDict:
   # CFG scale of training rollouts and of the loss's velocities; 1.0 = CFG-free (one DiT pass per step, the RL
   # distils the guidance); 0 = sampling.guidance_scale. Evaluation and generate keep sampling.guidance_scale.
   c.decoder.train_guidance = 0.0  # Training CFG scale (see above).
+  # nft/awm/dgpo: CFG scale of the loss's velocities (the policy's, the reference's, the moving average's) when it
+  # differs from the rollout's: DGPO samples at 4.5 and trains without guidance (1.0). 0 = train_guidance.
+  c.decoder.loss_guidance = 0.0  # 0 = train_guidance; flow_grpo's loss is its rollout's own steps.
   c.decoder.train_timesteps = 0  # nft/awm/dgpo: schedule steps trained per image per update (distinct, random); 0 = all.
   # nft/awm/dgpo: which steps of decoder.train_steps' schedule they train (glmrl/policy/dit_matching.py SlotDraw):
   # "uniform" (any), "high_noise" (the first high_noise_steps: DGPO's, its trunc_steps + 1) or "stratified" (one
@@ -141,6 +144,10 @@ def base_config() -> ml_collections.ConfigDict:
   # dgpo: beta of its group DPO weight sigmoid(beta sum_i A_i (error_i - reference error_i) / G) (DGPO's beta_dpo,
   # 100 in its released OCR and GenEval recipes, 10 for PickScore).
   c.decoder.dgpo_beta = 100.0  # dgpo: beta_dpo > 0.
+  # dgpo: DGPO's clip_dsm (on in its released configs): an image's flow error takes no gradient where its ratio
+  # exp(error under the moving average - error) is past 1 + clip_range (positive advantage) or under 1 - clip_range
+  # (negative); the average is DGPO's ema_ref (its decay min(0.3, 0.001 n): decoder.ema decay 0.3, ramp 0.001).
+  c.decoder.dgpo_clip_dsm = False  # dgpo: clip against the moving average (needs decoder.ema.every >= 1).
   c.decoder.ema_beta = 0.0  # Weight of the velocity KL to the moving average (AWM's anchor); needs ema.every >= 1.
   # Moving average of the decoder's trained parameters (glmrl/policy/ema.py): nft's old policy (it samples the
   # rollouts), AWM's anchor; saved in checkpoints. After rollout step s the decay is min(decay, ramp * (n - flat))

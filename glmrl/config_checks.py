@@ -182,6 +182,8 @@ RULES: dict[str, Rule] = {
     "train.policies": choice(*POLICIES),
     "decoder.algorithm": choice(*policy_registry.DIT_ALGORITHMS),
     "decoder.train_guidance": NON_NEGATIVE,
+    "decoder.loss_guidance": NON_NEGATIVE,
+    "decoder.dgpo_clip_dsm": BOOL,
     "decoder.sde_type": choice(*grpo_flow.SDE_TYPES),
     "decoder.logprob": choice(*grpo_flow.LOGPROBS),
     "decoder.train_timesteps": integer(0, why="must be >= 0 (0: every step of decoder.train_steps)"),
@@ -359,6 +361,13 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
   for key, off in (("decoder.awm_weighting", "uniform"), ("decoder.advantage_max", 0.0)):
     _check(values[key] == off or algorithm == "awm", f"config.{key}", values[key],
            f"is awm's; config.decoder.algorithm={algorithm!r} does not read it")
+  _check(values["decoder.loss_guidance"] == 0 or algorithm != "flow_grpo", "config.decoder.loss_guidance",
+         values["decoder.loss_guidance"], "flow_grpo's loss is the log-probability of its rollout's own steps, at "
+         "decoder.train_guidance; nft, awm and dgpo read it")
+  _check(not values["decoder.dgpo_clip_dsm"] or algorithm == "dgpo", "config.decoder.dgpo_clip_dsm", True,
+         f"is dgpo's; config.decoder.algorithm={algorithm!r} does not read it")
+  _check(not values["decoder.dgpo_clip_dsm"] or every >= 1, "config.decoder.ema.every", every,
+         "config.decoder.dgpo_clip_dsm clips against the moving average (DGPO's ema_ref): set it >= 1")
   for key, off in (("decoder.timestep_draw", "uniform"), ("decoder.timestep_sharing", "image")):
     _check(values[key] == off or algorithm != "flow_grpo", f"config.{key}", values[key],
            "is how nft, awm and dgpo draw the steps they train; flow_grpo trains its rollout's own steps "

@@ -103,6 +103,12 @@ def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_pat
     (("--config.decoder.algorithm=awm", "--config.decoder.timestep_draw=stratified"),
      "config.decoder.train_timesteps=0: must be in [1, 2] with decoder.timestep_draw='stratified' (one step per "
      "stratum of steps 1 .. int(train_steps x stratified_fraction) = 3)"),
+    (("--config.decoder.loss_guidance=1.0",),
+     "config.decoder.loss_guidance=1.0: flow_grpo's loss is the log-probability of its rollout's own steps"),
+    (("--config.decoder.algorithm=awm", "--config.decoder.dgpo_clip_dsm=True"),
+     "config.decoder.dgpo_clip_dsm=True: is dgpo's; config.decoder.algorithm='awm' does not read it"),
+    (("--config.decoder.algorithm=dgpo", "--config.decoder.dgpo_clip_dsm=True"),
+     "config.decoder.ema.every=0: config.decoder.dgpo_clip_dsm clips against the moving average"),
     (("--config.decoder.timestep_sharing=batch",),
      "config.decoder.timestep_sharing='batch': is how nft, awm and dgpo draw the steps they train; flow_grpo"),
     (("--config.decoder.sde_type=cps", "--config.decoder.window_start=2"),

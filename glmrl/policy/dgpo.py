@@ -10,8 +10,14 @@ weights are taken at the update's own parameters before its gradient (a forward 
 per trained step, no gradient), as the reference computes them inside its loss, detached. The reference is the
 initial DiT (its adapters off under DiT LoRA); decoder.beta adds the velocity KL to it, as DGPO's `train.beta`.
 
-Left out: DGPO's PPO-style clip of each sample's error against a slowly updated copy (`clip_dsm`) and its switch
-to sampling with that copy (`switch_ema_ref`).
+With `clip_range` (config.decoder.dgpo_clip_dsm, DGPO's `clip_dsm`; scripts/train_sd3_dgpo.py lines 1131-1143)
+an image's flow error keeps no gradient at a trained step where the ratio exp(error under the moving average -
+error) is past 1 + clip_range with a positive (clipped) advantage, or under 1 - clip_range with a negative one: the
+moving average is DGPO's slowly updated copy `ema_ref`. The group weights are unchanged (they use the errors
+detached either way).
+
+Left out: DGPO's switch to sampling with that copy (`switch_ema_ref`) and its KL clip (`clip_kl`, off in its
+released configs).
 """
 
 from __future__ import annotations
@@ -35,21 +41,41 @@ class DgpoObjective:
   beta_dpo: float
   adv_clip_max: float
   group_size: int
-  contrasts_average = False
+  clip_range: float = 0.0  # DGPO's clip_dsm against the moving average; 0: off
   has_ratio = False
-  stats = ("kl_mean", "group_weight_mean")
+
+  @property
+  def contrasts_average(self) -> bool:
+    return self.clip_range > 0
+
+  @property
+  def stats(self) -> tuple[str, ...]:
+    return ("kl_mean", "group_weight_mean") + (("clip_frac",) if self.clip_range > 0 else ())
 
   def slot_loss(self, v, x_t, target, sigma, mb, k, fixed, first, kl, mask, beta):
-    del x_t, sigma, fixed, first
+    del x_t, sigma, first
     masked_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     advantages = jnp.clip(mb.advantages, -self.adv_clip_max, self.adv_clip_max)
     weight = mb.weights[:, k]
-    numerator = jnp.sum(weight * advantages * matching.flow_error(v, target) * mask)
+    error = matching.flow_error(v, target)
+    aux = {}
+    if self.clip_range > 0:
+      clipped = dgpo_clip(error, matching.flow_error(fixed["ema"], target), advantages, self.clip_range)
+      error = jnp.where(clipped, jax.lax.stop_gradient(error), error)
+      aux["clip_frac"] = masked_mean(clipped.astype(jnp.float32))
+    numerator = jnp.sum(weight * advantages * error * mask)
     if kl is not None:
       numerator = numerator + beta * jnp.sum(kl * mask)
-    aux = {"denominator": jnp.sum(mask), "kl_mean": masked_mean(kl) if kl is not None else jnp.zeros(()),
-           "group_weight_mean": masked_mean(weight)}
+    aux.update({"denominator": jnp.sum(mask), "kl_mean": masked_mean(kl) if kl is not None else jnp.zeros(()),
+                "group_weight_mean": masked_mean(weight)})
     return numerator, aux, None
+
+
+def dgpo_clip(error_b, old_error_b, advantages_b, clip_range: float):
+  """bool [b]: the images whose flow error DGPO's clip_dsm keeps from the gradient: ratio = exp(old - error) past
+  1 + clip_range with a positive advantage, under 1 - clip_range with a non-positive one."""
+  ratio = jnp.exp(jax.lax.stop_gradient(old_error_b - error_b))
+  return jnp.where(advantages_b > 0, ratio > 1.0 + clip_range, ratio < 1.0 - clip_range)
 
 
 def group_weights(graphdef, params, frozen, rollout, anchors, *, spec):
@@ -85,7 +111,8 @@ class DgpoPolicy(dit_matching.MatchingPolicy):
     super().__init__(config)
     d = config.decoder
     self.objective = DgpoObjective(beta_dpo=float(d.dgpo_beta), adv_clip_max=float(d.adv_clip_max),
-                                   group_size=d.group_size)
+                                   group_size=d.group_size,
+                                   clip_range=float(d.clip_range) if d.dgpo_clip_dsm else 0.0)
 
   def anchor_passes(self) -> int:
     """Beside its own: the group weights' forwards of the policy and the reference, and the KL's reference."""

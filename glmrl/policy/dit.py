@@ -44,6 +44,12 @@ def train_guidance(config) -> float:
   return float(config.decoder.train_guidance or config.sampling.guidance_scale)
 
 
+def loss_guidance(config) -> float:
+  """The CFG scale of the DiT policy's loss: config.decoder.loss_guidance, unset (0) the rollout's
+  (`train_guidance`)."""
+  return float(config.decoder.loss_guidance or train_guidance(config))
+
+
 def decoder_noise(run, key, num_prompts: int):
   """(initial latents [B, C, h, w], noise keys [B]) of a DiT-policy rollout.
 
@@ -91,7 +97,8 @@ class DitPolicy(BoundPolicy, abc.ABC):
     self.settings = settings_of(config)
     self.request = Request(samples_per_grid=config.decoder.group_size)
     self.train_steps = config.decoder.train_steps   # denoising steps of its rollouts
-    self.guidance = train_guidance(config)           # CFG scale of its rollouts and its loss
+    self.guidance = train_guidance(config)           # CFG scale of its rollouts
+    self.loss_guidance = loss_guidance(config)       # and of its loss's velocities
 
   def rows_per_prompt(self, request: Request) -> int:
     """Rows of its update per prompt: one per image."""
@@ -151,8 +158,8 @@ class DitPolicy(BoundPolicy, abc.ABC):
     """DiT forwards its update adds per trained step beside its own (the KL reference's, the moving average's)."""
 
   def update_flops(self, counts: FlopCounts) -> float:
-    """Per trained step and image the guided forward (one branch at train_guidance 1.0), a backward of 2x it (2x
+    """Per trained step and image the guided forward (one branch at loss guidance 1.0), a backward of 2x it (2x
     more with weight gradients of the whole DiT) and its anchors' forwards."""
-    train_pass = counts.dit_pass * (1 if self.guidance == 1.0 else 2)
+    train_pass = counts.dit_pass * (1 if self.loss_guidance == 1.0 else 2)
     passes = 1 + (2 if self.settings.lora.enabled else 4) + self.anchor_passes()
     return float(self.settings.num_iterations * counts.images * self.trained_steps() * train_pass * passes)

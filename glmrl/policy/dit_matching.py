@@ -147,8 +147,8 @@ class SlotDraw:
   - "high_noise": `slots` distinct steps of the first `high_noise_steps` (the noisiest), uniformly: DGPO's draw
     (Luo-Yihong/DGPO scripts/train_sd3_dgpo.py lines 1062-1064: `random.sample(range(trunc_steps + 1), M)`);
   - "stratified": one step in each of `slots` strata of steps 1 .. int(s x `fraction`): AWM's `discrete_wo_init`
-    (scxue/advantage_weighted_matching scripts/train_sd3_awm.py lines 1198-1205), the strata's bounds those of
-    torch.linspace(1, int(s x fraction), slots + 1) truncated to integers, step = lower + int(u x (upper - lower)).
+    (scxue/advantage_weighted_matching scripts/train_sd3_awm.py lines 1198-1205), step = lower + int(u x (upper -
+    lower)) with the strata's bounds (`stratum_bounds`).
   Each draw is made per image, per group or once for the whole batch (`sharing`; both repositories share theirs
   across the batch)."""
   kind: str = "uniform"
@@ -159,13 +159,20 @@ class SlotDraw:
   def indices(self, key, steps: int, draws: int, slots: int) -> jax.Array:
     """int32 [draws, slots]: schedule step indices, one row per draw."""
     if self.kind == "stratified":
-      top = int(steps * self.fraction)
-      bounds = np.linspace(1, top, slots + 1, dtype=np.float32).astype(np.int64)  # torch.linspace(...).long()
+      bounds = stratum_bounds(int(steps * self.fraction), slots)
       lower, width = bounds[:-1], bounds[1:] - bounds[:-1]
       u_DxW = jax.random.uniform(key, (draws, slots))
       return (lower + (u_DxW * width).astype(jnp.int32)).astype(jnp.int32)
     candidates = self.high_noise_steps if self.kind == "high_noise" else steps
     return jnp.argsort(jax.random.uniform(key, (draws, candidates)), axis=1)[:, :slots].astype(jnp.int32)
+
+
+def stratum_bounds(top: int, slots: int) -> np.ndarray:
+  """int [slots + 1]: AWM's `torch.linspace(1, top, slots + 1).long()`, in exact integers: floor(1 + i (top - 1) /
+  slots). Where a bound is an exact integer torch's float32 linspace can land a hair below it (its kernel computes
+  from either end, by vector width), and truncating then takes the step before; the integer is the bound AWM
+  means (tests/policy/test_slot_draws.py: equal to torch's wherever no bound is an exact integer)."""
+  return 1 + (np.arange(slots + 1) * (top - 1)) // slots
 
 
 def draw_slots(key, model_timesteps_s, sigmas_e, draws: int, slots: int, draw: SlotDraw = SlotDraw()):
@@ -186,7 +193,7 @@ class MatchingPolicy(dit.DitPolicy):
     """The static description of its update on `images` rows."""
     settings = self.settings
     return MatchingSpec(
-        objective=self.objective, guidance_scale=self.guidance, beta=settings.beta,
+        objective=self.objective, guidance_scale=self.loss_guidance, beta=settings.beta,
         ema_beta=float(self.config.decoder.ema_beta), micro_batches=settings.micro_batches(images),
         reference=settings.reference)
 

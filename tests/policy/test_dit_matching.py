@@ -219,3 +219,95 @@ def test_dgpo_weights_its_groups_as_the_float64_formula_and_accumulates_exactly(
                                                   spec=dataclasses.replace(s, micro_batches=2))
   for g, w in zip(jax.tree.leaves(grads_sum), jax.tree.leaves(jax.grad(whole_batch)(adapters))):
     np.testing.assert_allclose(np.asarray(g) / float(stats["denominator"]), np.asarray(w), rtol=1e-4, atol=1e-7)
+
+
+def dgpo_clip_dsm_loss_torch(model_v, old_v, ref_v, target_v, advantages, adv_clip_max, clip_range, beta_dpo, group_size):
+  """DGPO's loss of one trained step with clip_dsm, in torch as its lines run it (Luo-Yihong/DGPO @ 01ceb4b,
+  scripts/train_sd3_dgpo.py 1126-1143 and 162-193; one process: the all-reduced group sums are the local ones)."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  b = model_v.shape[0]
+  advantages = torch.clamp(advantages, -adv_clip_max, adv_clip_max)
+  dsm_loss = 1 * (target_v - model_v).square().reshape(b, -1).mean(dim=1)
+  old_dsm_loss = 1 * (target_v - old_v).square().reshape(b, -1).mean(dim=1)
+  ratio = torch.exp(-dsm_loss + old_dsm_loss)
+  should_clip = torch.where(advantages > 0, ratio > 1.0 + clip_range, ratio < 1.0 - clip_range)
+  dsm_loss = torch.where(should_clip, dsm_loss.detach(), dsm_loss)
+  with torch.no_grad():
+    ref_dsm_loss = (target_v - ref_v).square().reshape(b, -1).mean(dim=1)
+  delta_diff = dsm_loss.detach() - ref_dsm_loss.detach()
+  per_sample_term = advantages * beta_dpo * delta_diff / group_size
+  groups = torch.arange(b) // group_size
+  sums = torch.zeros(b // group_size, dtype=per_sample_term.dtype).scatter_add_(0, groups, per_sample_term)
+  weights = torch.sigmoid(sums)[groups]
+  return (weights.detach() * advantages * dsm_loss).mean(), should_clip
+
+
+def test_dgpo_clip_dsm_takes_the_gradient_of_dgpos_own_lines():
+  """decoder.dgpo_clip_dsm: the slot loss's gradient in the velocity, with the group weights of
+  `matching.dgpo_group_weights`, equals torch's autograd through DGPO's lines (float64 there, float32 here, rtol
+  1e-5), on 8 images in 2 groups whose moving-average errors put some past each side of the clip; without the clip
+  the clipped images' gradients differ."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  from glmrl.policy import dgpo
+
+  rng = np.random.default_rng(0)
+  b, shape, clip = 8, (2, 3, 3), 0.05
+  target, v = rng.normal(size=(b, *shape)), rng.normal(size=(b, *shape))
+  ref = v + 0.3 * rng.normal(size=(b, *shape))
+  # The average's velocity: its error moves each image's ratio exp(old - error) by -0.2 .. 0.2.
+  error = np.mean((v - target) ** 2, axis=(1, 2, 3))
+  shift = np.array([0.2, -0.2, 0.01, -0.01, 0.2, -0.2, 0.03, -0.1])
+  old = target + (v - target) * np.sqrt((error + shift) / error)[:, None, None, None]
+  advantages = np.array([1.5, 1.0, -0.5, -2.0, -1.0, -1.5, 6.0, 0.7])
+  model_v = torch.tensor(v, requires_grad=True)
+  loss, should_clip = dgpo_clip_dsm_loss_torch(model_v, torch.tensor(old), torch.tensor(ref), torch.tensor(target),
+                                               torch.tensor(advantages), 5.0, clip, 1.0, 4)
+  loss.backward()
+  clipped = should_clip.numpy()
+  assert clipped.any() and (~clipped).any() and (clipped & (advantages > 0)).any() and (clipped & (advantages < 0)).any()
+
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  ref_error = np.mean((ref - target) ** 2, axis=(1, 2, 3))
+  weights = matching.dgpo_group_weights(f32(error - ref_error)[:, None], f32(np.clip(advantages, -5, 5)), 4, 1.0)
+  mb = dm.MatchingRollout(cond=None, target_size=None, crop=None, x0=None, noise_keys=None, timesteps=None,
+                          sigmas=None, old_logp=None, advantages=f32(advantages), mask=None, weights=weights)
+  mask = jnp.ones((b,), jnp.float32)
+
+  def loss_of(v_, clip_range):
+    objective = dgpo.DgpoObjective(beta_dpo=1.0, adv_clip_max=5.0, group_size=4, clip_range=clip_range)
+    numerator, aux, _ = objective.slot_loss(v_, None, f32(target), None, mb, 0, {"ema": f32(old)}, True, None,
+                                            mask, 0.0)
+    return numerator / aux["denominator"], aux
+
+  (got, aux), grad = jax.value_and_grad(loss_of, has_aux=True)(f32(v), clip)
+  np.testing.assert_allclose(float(got), loss.item(), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(grad), model_v.grad.numpy(), rtol=1e-5, atol=1e-9)
+  assert float(aux["clip_frac"]) == clipped.mean()
+  np.testing.assert_array_equal(np.abs(np.asarray(grad)).sum(axis=(1, 2, 3)) == 0, clipped)  # weights ~0.5: none 0
+  unclipped = jax.grad(lambda v_: loss_of(v_, 0.0)[0])(f32(v))
+  assert not np.allclose(np.asarray(unclipped)[clipped], np.asarray(grad)[clipped])
+
+
+def test_dgpos_released_split_samples_guided_and_trains_without_guidance():
+  """decoder.train_guidance=4.5 with decoder.loss_guidance=1.0 (DGPO's released sampling at 4.5, loss velocities
+  with cfg=False): the rollout decodes at 4.5, the update's velocities run one conditional pass (its FLOPs count
+  one branch); unset, the loss takes the rollout's. With dgpo_clip_dsm the update also runs the average."""
+  from configs import demo_decoder
+  from glmrl.policy import dgpo
+  from glmrl.policy.base import FlopCounts
+
+  config = demo_decoder.get_config("dgpo")
+  config.decoder.train_guidance = 4.5
+  same = dgpo.DgpoPolicy(config)
+  config.decoder.loss_guidance = 1.0
+  split = dgpo.DgpoPolicy(config)
+  assert same.guidance == split.guidance == 4.5
+  assert same.spec(8).guidance_scale == 4.5 and split.spec(8).guidance_scale == 1.0
+  counts = FlopCounts(ar_forward=0.0, dit_pass=1.0, images=8)
+  assert split.update_flops(counts) * 2 == same.update_flops(counts)
+  config.decoder.dgpo_clip_dsm, config.decoder.ema.every = True, 1
+  clipped = dgpo.DgpoPolicy(config)
+  assert clipped.objective.clip_range == config.decoder.clip_range and clipped.spec(8).uses_average
+  assert clipped.anchor_passes() == split.anchor_passes() + 1

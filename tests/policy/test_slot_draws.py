@@ -3,7 +3,8 @@
 - "stratified" is AWM's `discrete_wo_init` (scxue/advantage_weighted_matching @ be51372,
   advantage_weighted_matching/scripts/train_sd3_awm.py lines 1198-1205), run here with torch on the same uniform
   draws: the same step indices exactly, at AWM's released setting (14 steps, fraction 0.9, 6 timesteps) and uneven
-  ones.
+  ones; its strata's bounds equal torch's linspace wherever no bound is an exact integer (every schedule up to 120
+  steps), and the exact integer where one is (torch's float32 can land below it).
 - "high_noise" is DGPO's `random.sample(range(trunc_steps + 1), M)` (Luo-Yihong/DGPO @ 01ceb4b,
   scripts/train_sd3_dgpo.py lines 1062-1064 and 52-74): Python's RNG cannot be shared, so its law is checked, M
   distinct steps of the first trunc_steps + 1, each taken with probability M / (trunc_steps + 1) (30,000 draws,
@@ -45,6 +46,18 @@ def test_stratified_is_awms_discrete_wo_init_on_the_same_draws(steps, fraction, 
   np.testing.assert_array_equal(got, want)
   assert got.min() >= 1 and got.max() < int(steps * fraction)  # never step 0 (sigma 1) nor the last steps
   assert (np.diff(got, axis=1) > 0).all()  # one per stratum, in order
+
+
+def test_stratum_bounds_are_torchs_linspace_or_the_exact_integer_it_rounds_below():
+  import torch  # pylint: disable=import-outside-toplevel
+
+  for top in range(2, 121):
+    for slots in range(1, top):
+      got = dm.stratum_bounds(top, slots)
+      want = torch.linspace(1, top, steps=slots + 1).long().numpy()
+      exact = [(i * (top - 1)) % slots == 0 for i in range(slots + 1)]
+      np.testing.assert_array_equal(got[~np.asarray(exact)], want[~np.asarray(exact)], err_msg=f"{top} {slots}")
+      assert all(want[i] in (got[i], got[i] - 1) for i in range(slots + 1) if exact[i]), (top, slots)
 
 
 def test_high_noise_draws_distinct_steps_of_the_first_ones_uniformly():
