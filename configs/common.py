@@ -78,8 +78,8 @@ def base_config() -> ml_collections.ConfigDict:
   # How tis_cap bounds the weight: "token_truncate" (above); "sequence_mask" (TRL's default): each sequence's
   # exp(sum over its tokens of the log-ratio), the sequence left out of the surrogate (weight 0) above tis_cap.
   c.grpo.tis_mode = "token_truncate"  # "token_truncate" or "sequence_mask".
-  # verl's dual clip (clip_ratio_c, its default 3; TRL's delta): a negative advantage's token adds at most -c A to
-  # the loss however large its ratio, and no gradient past it. 0 = off; else > 1.
+  # verl's dual clip (clip_ratio_c, its default 3; TRL's delta where c >= 1 + epsilon_high, docs/training.md): a
+  # negative advantage's token adds at most -c A to the loss however large its ratio, and no gradient past it.
   c.grpo.dual_clip = 0.0  # 0 = off; else c > 1.
   # The importance ratio per "token", or per "sequence": the exp of the mean of its tokens' log-ratios, shared by
   # its tokens (GSPO, arXiv:2507.18071; TRL's importance_sampling_level; its paper clips at 3e-4 / 4e-4).
