@@ -35,7 +35,10 @@ from tests.cli import MAIN, ROOT, TIMEOUT_S, assert_one_line_error, main_in_proc
     ("--config.grpo.group_sise=4", "(did you mean 'group_size'?)"),
     ("--config.rewards[1].weight=1.0", "--config.rewards[1].weight: no such entry in the config's list"),
     ("--config.rewards[0].name=target_psnr", "demo_prompts.txt:1: reward 'target_psnr' needs 'target_image' on every "
-                                             "prompt"),
+                                             "prompt (a .jsonl line with \"target_image\": ...; 6 of 6 prompts lack it)"),
+    ("--config.rewards=({'name': 'ocr_word_accuracy', 'weight': 1.0, 'kwargs': {'url': 'http://127.0.0.1:1/score'}},)",
+     "demo_prompts.txt:1: reward 'ocr_word_accuracy' needs 'text' on every prompt (a .jsonl line with \"metadata\": "
+     "{\"text\": ...}; 6 of 6 prompts lack it)"),
     ("--config.rewards=({'name': 'remote', 'weight': 1.0, 'kwargs': {'url': 'http://127.0.0.1:1/score'}},)",
      "reward server http://127.0.0.1:1/score (start-up check): failed after 4 attempt(s); last error: connection failed"),
     ("--config.rewards=({'name': 'brightness', 'weight': 1.0, 'kwargs': {'bogus': 1}},)",

@@ -115,8 +115,9 @@ def load_records(config, train: bool = True):
       for key in reward_registry.get(entry["name"]).needs:
         lacking = [r for r in recs if not (r.target_image if key == "target_image" else key in r.metadata)]
         if lacking:
+          field = f'"{key}": ...' if key == "target_image" else f'"metadata": {{"{key}": ...}}'
           raise UserError(f"{path}:{lacking[0].line}: reward {entry['name']!r} needs {key!r} on every prompt "
-                          f"(a .jsonl line with \"{key}\": ...; {len(lacking)} of {len(recs)} prompts lack it)")
+                          f"(a .jsonl line with {field}; {len(lacking)} of {len(recs)} prompts lack it)")
   return records, eval_records
 
 
