@@ -47,6 +47,9 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-process r
                                    "(detected on SLURM and Cloud TPU pods).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process runs: how many processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index.")
+_DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
+    "distributed_timeout", distributed.START_TIMEOUT_S, "Multi-process runs: seconds the processes wait for each "
+    "other to start; then each one still waiting says which are missing and exits 2.", lower_bound=1)
 _CACHE = flags.DEFINE_string("compilation_cache", None, "Folder of the persistent XLA compilation cache (compiled "
                              "programs reused by the next run, resume, eval or generate); \"\" turns it off. "
                              "Default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/glmrl/jax.")
@@ -201,6 +204,15 @@ def _check_workdir(workdir: str) -> None:
     _fail(problem)
 
 
+def _run_facts(config) -> dict:
+  """What every process of a run must hold equally (glmrl/rendezvous.py): its mode, workdir and config."""
+  values = {k: repr(v) for k, v in config_checks.leaves(config).items()}
+  for key in ("rewards", "decoder.rewards"):
+    section, _, name = key.rpartition(".")
+    values[key] = repr((config[section] if section else config).get(name))
+  return {"mode": _MODE.value, "workdir": os.path.abspath(_WORKDIR.value), "config": values}
+
+
 def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]}: every setting is a --flag (python main.py --help)")
@@ -209,7 +221,8 @@ def main(argv):
   try:
     # A signal ends any mode within a second, also inside an XLA compile; train saves its finished steps first.
     with StopSignal(what=f"--mode={_MODE.value} stopped"):
-      distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+      distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                             _DISTRIBUTED_TIMEOUT.value, _run_facts(_CONFIG.value))
       config_checks.validate(_CONFIG.value, _MODE.value)
       compilation_cache.enable(compilation_cache.folder(_CACHE.value))
       kwargs = {}

@@ -19,6 +19,7 @@ import os
 
 import jax
 
+from glmrl import rendezvous
 from glmrl.errors import UserError
 
 
@@ -29,9 +30,17 @@ def detected() -> bool:
   return len([h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
 
 
+# How long the processes of a run wait for each other to start (main.py's --distributed_timeout).
+START_TIMEOUT_S = 300
+
+
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> None:
-  """Starts jax.distributed when several processes run; nothing for a single process."""
+               process_id: int | None = None, timeout_s: int = START_TIMEOUT_S, facts: dict | None = None) -> None:
+  """Starts jax.distributed when several processes run; nothing for a single process.
+
+  With explicit flags the processes first meet (`glmrl.rendezvous.meet`, within `timeout_s`) and compare `facts`
+  (mode, workdir, config: what every process must hold equally), so that a launch mistake is one UserError in the
+  processes it concerns instead of a hang or an abort inside jax."""
   explicit = (coordinator_address, num_processes, process_id)
   if any(v is not None for v in explicit):
     if any(v is None for v in explicit):
@@ -46,8 +55,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   # Collectives of the CPU backend (the compute backend of CPU runs); accelerators bring their own.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if any(v is not None for v in explicit):
+    rendezvous.meet(coordinator_address, num_processes, process_id, timeout_s,
+                    {"code": rendezvous.code_digest(), **(facts or {})})
     jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id)
+                               process_id=process_id, initialization_timeout=timeout_s)
   else:
     jax.distributed.initialize()
   if jax.default_backend() == "cpu":

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tests.cli import MAIN, ROOT, TIMEOUT_S, assert_one_line_error, main_in_process, run_main
+from tests.cli import MAIN, ROOT, TIMEOUT_S, Result, assert_one_line_error, main_in_process, run_main
+from tests.train.processes import free_port
 
 @pytest.mark.parametrize("override,message", [
     ("--config.grpo.nope=1", "unknown config key 'nope' in --config.grpo.nope=1"),
@@ -263,6 +264,42 @@ def test_help_points_to_the_keys_and_what_each_mode_writes(tmp_path):
 
 def _rows(workdir):
   return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--coordinator_address=http://localhost:1234",), "--coordinator_address=http://localhost:1234: HOST:PORT "
+                                                       "without a scheme, e.g. localhost:1234"),
+    (("--coordinator_address=localhost",), "--coordinator_address=localhost: expected HOST:PORT"),
+    (("--coordinator_address=localhost:{port}", "--distributed_timeout=1"),
+     "process 0 waited 1 s (--distributed_timeout) for process(es) 1 of 2: start each with the same "
+     "--coordinator_address, --num_processes=2 and its own --process_id"),
+], ids=["scheme", "no_port", "peer_missing"])
+def test_a_pod_launch_mistake_that_one_process_sees_is_one_line(flags, message, tmp_path):
+  """Process 0 of two (glmrl/rendezvous.py): ends before the coordinator starts, nothing written."""
+  port = free_port()
+  flags = [f.format(port=port) for f in flags]
+  work = tmp_path / "work"
+  result = main_in_process("--config=configs/demo.py", *flags, "--num_processes=2", "--process_id=0", tmp_path=work)
+  assert_one_line_error(result, message)
+  assert not work.exists()
+
+
+def test_two_processes_that_disagree_each_end_in_one_line(tmp_path):
+  """As users launch them, with --num_processes=2 for process 0 and 3 for process 1: both exit 2 within the
+  deadline with the same reason, nothing written (before, both trained and exited 0)."""
+  work, port = tmp_path / "work", free_port()
+  common = ("--config=configs/demo.py", f"--coordinator_address=localhost:{port}", "--distributed_timeout=120")
+  procs = [subprocess.Popen([sys.executable, MAIN, f"--workdir={work}", *common, f"--num_processes={n}",
+                             f"--process_id={i}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i, n in ((0, 2), (1, 3))]
+  results = []
+  for p in procs:
+    out, err = p.communicate(timeout=TIMEOUT_S)
+    results.append(Result(p.returncode, out, err))
+  reason = "process 1 was started with --num_processes=3 and process 0 with --num_processes=2"
+  assert_one_line_error(results[0], f"error: {reason}")
+  assert_one_line_error(results[1], f"error: process 0 refused this run: {reason}")
+  assert not work.exists()
 
 
 def test_a_workdir_in_use_by_another_run_is_refused(tmp_path):
