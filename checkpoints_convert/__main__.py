@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from checkpoints_convert import flax_to_hf
 from checkpoints_convert import hf_to_flax
+from glmrl import errors
 from glmrl.errors import run_command
 
 
 def parse_args(argv):
-  p = argparse.ArgumentParser(prog="python -m checkpoints_convert", description=__doc__)
+  p = errors.ArgumentParser(prog="python -m checkpoints_convert", description=__doc__)
   p.add_argument("--hf_dir", help="GLM-Image HF folder to convert (one sub-folder per component)")
   p.add_argument("--out_dir", help="where the Flax/Orbax checkpoint is written")
   p.add_argument("--to_hf", action="store_true", help="export an Orbax checkpoint to HF safetensors")

@@ -8,7 +8,6 @@ converter also handles the tiny test layout. The file is 3.7 MB and is held in m
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
@@ -19,6 +18,7 @@ from checkpoints_convert.maps.clip import AESTHETIC_RULES, AESTHETIC_TORCH_LINEA
 from checkpoints_convert.rules import KeyMap
 from checkpoints_convert.torch_files import read_state_dict
 from glmrl.checkpoint.params import flatten
+from glmrl import errors
 from glmrl.errors import run_command
 from glmrl.models.clip.aesthetic import AestheticConfig, AestheticHead
 from glmrl.models.init_rngs import InitRngs
@@ -51,7 +51,7 @@ def convert_aesthetic_head(pth_path: str, out_dir: str) -> dict:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m checkpoints_convert.aesthetic", description=__doc__.splitlines()[0])
+  p = errors.ArgumentParser(prog="python -m checkpoints_convert.aesthetic", description=__doc__.splitlines()[0])
   p.add_argument("--pth", required=True, help="sac+logos+ava1-l14-linearMSE.pth (torch state_dict)")
   p.add_argument("--out_dir", required=True, help="folder to write config.json and params/ into")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)

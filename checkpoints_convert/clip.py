@@ -13,7 +13,6 @@ converted as above. Tokenizer and preprocessor files are copied next to `params/
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -25,6 +24,7 @@ import numpy as np
 from checkpoints_convert import components, hf_to_flax
 from checkpoints_convert import safetensors_stream as st
 from glmrl.checkpoint.params import PARAMS_DIR
+from glmrl import errors
 from glmrl.errors import run_command
 
 # The name CLIP is registered under in `checkpoints_convert.components`.
@@ -102,7 +102,7 @@ def convert_clip(hf_dir: str, out_dir: str, log: Callable[[str], None] = print) 
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m checkpoints_convert.clip", description=__doc__.splitlines()[0])
+  p = errors.ArgumentParser(prog="python -m checkpoints_convert.clip", description=__doc__.splitlines()[0])
   p.add_argument("--hf_dir", required=True, help="HF CLIPModel folder (config.json + weights + tokenizer)")
   p.add_argument("--out_dir", required=True, help="where config.json, params/ and the tokenizer are written")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)

@@ -14,7 +14,6 @@ held in memory; a legacy-format torchvision file is read whole (~0.5 GB, classif
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
@@ -25,6 +24,7 @@ from checkpoints_convert.torch_files import read_state_dict
 from checkpoints_convert.maps import lpips as lpips_map
 from checkpoints_convert.rules import KeyMap
 from glmrl.checkpoint.params import flatten
+from glmrl import errors
 from glmrl.errors import run_command
 from glmrl.models.vgg import CONVS_PER_BLOCK, VGG16Config, torchvision_conv_indices
 from glmrl.models.lpips import LPIPS, LPIPSConfig
@@ -66,7 +66,7 @@ def convert_lpips(vgg16_path: str, lpips_path: str, out_dir: str) -> dict:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m checkpoints_convert.lpips", description=__doc__.splitlines()[0])
+  p = errors.ArgumentParser(prog="python -m checkpoints_convert.lpips", description=__doc__.splitlines()[0])
   p.add_argument("--vgg16", required=True, help="torchvision vgg16 state_dict (.pth or .safetensors)")
   p.add_argument("--lpips", required=True, help="lpips package weights/v0.1/vgg.pth (or .safetensors)")
   p.add_argument("--out_dir", required=True, help="folder to write config.json and params/ into")

@@ -4,6 +4,7 @@
 bug and keeps its traceback. The other command-line tools follow the same rule (`run_command`).
 """
 
+import argparse
 import sys
 from typing import Callable
 
@@ -24,3 +25,12 @@ def run_command(work: Callable[[], object]) -> int:
   if isinstance(summary, str):
     print(summary)
   return 0
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse's parser whose usage errors end as every other bad input does: one `error:` line (with where the
+  help is) and exit status 2, not the usage block."""
+
+  def error(self, message):
+    print(f"error: {message} ({self.prog} --help)", file=sys.stderr)
+    raise SystemExit(2)

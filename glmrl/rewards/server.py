@@ -31,6 +31,7 @@ import argparse
 import base64
 import binascii
 import dataclasses
+import errno
 import http.server
 import importlib
 import io
@@ -44,6 +45,7 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
+from glmrl import errors
 from glmrl.rewards.detections import check_detection
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -246,7 +248,10 @@ class RewardServer(http.server.ThreadingHTTPServer):
     self.scoring = threading.BoundedSemaphore(workers)
     if ":" in host:
       self.address_family = socket.AF_INET6
-    super().__init__((host, port), _Handler)
+    try:
+      super().__init__((host, port), _Handler)
+    except OSError as e:
+      raise OSError(_bind_problem(host, port, e)) from None
 
   def handle_error(self, request, client_address):
     # A client that timed out and hung up is its own problem; anything else is printed as usual.
@@ -260,6 +265,19 @@ class RewardServer(http.server.ThreadingHTTPServer):
   def url(self) -> str:
     host, port = self.server_address[:2]
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/score"
+
+
+def _bind_problem(host: str, port: int, e: OSError) -> str:
+  if e.errno == errno.EADDRINUSE:
+    return f"--port={port}: in use on {host} (another server?): pick another port, or --port=0 for any free one"
+  return f"cannot serve on --host={host} --port={port}: {e.strerror or e}"
+
+
+def _port(value: str) -> int:
+  """argparse type of --port: 0 (any free port) .. 65535, else one line naming the value."""
+  if not value.isdigit() or int(value) > 65535:
+    raise argparse.ArgumentTypeError(f"{value!r} is not a port: a number in 0..65535 (0: any free port)")
+  return int(value)
 
 
 def load_scorer(spec: str) -> Callable:
@@ -285,10 +303,10 @@ def brightness(images, prompts, metadata):
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m glmrl.rewards.server", description=__doc__.splitlines()[0])
+  p = errors.ArgumentParser(prog="python -m glmrl.rewards.server", description=__doc__.splitlines()[0])
   p.add_argument("--scorer", required=True, help="module:function to serve")
   p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-  p.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed at start)")
+  p.add_argument("--port", type=_port, default=8000, help="port (0: any free port, printed at start)")
   p.add_argument("--workers", type=int, default=1, help="scorer calls allowed at once")
   p.add_argument("--max_request_mb", type=float, default=Limits.max_request_bytes / 2**20)
   p.add_argument("--max_images", type=int, default=Limits.max_images)
@@ -297,6 +315,12 @@ def main(argv=None) -> int:
   p.add_argument("--verbose", action="store_true", help="log every request to stderr")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
   try:
+    # The address first: a busy port is one line before a scorer's (possibly slow) import.
+    with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
+      try:
+        probe.bind((args.host, args.port))
+      except OSError as e:
+        raise OSError(_bind_problem(args.host, args.port, e)) from None
     limits = Limits(max_request_bytes=int(args.max_request_mb * 2**20), max_images=args.max_images,
                     max_side=args.max_side, max_total_pixels=args.max_total_pixels)
     server = RewardServer(load_scorer(args.scorer), host=args.host, port=args.port, limits=limits,

@@ -151,9 +151,13 @@ def test_model_index_class_mismatch(tmp_path, vae):
 def test_cli_usage(tmp_path, capsys):
   for argv in (["--hf_dir=a"], ["--to_hf", "--ckpt_dir=a"], ["--to_hf", "--hf_dir=a", "--ckpt_dir=b", "--hf_out_dir=c"],
                ["--hf_dir=a", "--out_dir=b", "--step=3"]):
+    capsys.readouterr()
     with pytest.raises(SystemExit) as e:
       main(argv)
     assert e.value.code == 2, argv
+    err = capsys.readouterr().err  # one line, as every bad input (glmrl.errors.ArgumentParser), not a usage block
+    assert err.startswith("error: ") and err.endswith("(python -m checkpoints_convert --help)\n"), err
+    assert err.count("\n") == 1, err
   assert main([f"--hf_dir={tmp_path / 'nope'}", f"--out_dir={tmp_path / 'out'}"]) == 2
   assert "nope" in capsys.readouterr().err
   assert main(["--to_hf", f"--ckpt_dir={tmp_path}", f"--hf_out_dir={tmp_path / 'o'}", "--max_shard_size=5 apples"]) == 2

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -297,6 +298,18 @@ def test_load_scorer_and_cli_errors(capsys):
   assert "cannot import 'glmrl.rewards.nope'" in capsys.readouterr().err
   assert server_lib.main(["--scorer=glmrl.rewards.server:missing"]) == 2
   assert "no callable 'missing'" in capsys.readouterr().err
+  for port in ("99999", "-1", "http"):
+    with pytest.raises(SystemExit) as e:
+      server_lib.main(["--scorer=glmrl.rewards.server:brightness", f"--port={port}"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"error: argument --port: '{port}' is not a port: a number in 0..65535 (0: any "
+                                       "free port) (python -m glmrl.rewards.server --help)\n")
+  with socket.create_server(("127.0.0.1", 0)) as busy:
+    port = busy.getsockname()[1]
+    # The port is checked before the scorer is imported (this one does not exist).
+    assert server_lib.main(["--scorer=glmrl.rewards.nope:f", f"--port={port}"]) == 2
+    assert capsys.readouterr().err == (f"error: --port={port}: in use on 127.0.0.1 (another server?): pick another "
+                                       "port, or --port=0 for any free one\n")
 
 
 def test_cli_serves_example_scorer(images):
