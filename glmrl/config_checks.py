@@ -235,7 +235,7 @@ RULES: dict[str, Rule] = {
     "checkpoint.max_to_keep": integer(1),
     "log.image_interval": integer(0, why="must be >= 0 (0 disables sample grids)"),
     "log.wandb": BOOL,
-    "log.wandb_project": Rule(str, bool, "must name a W&B project"),
+    "log.wandb_project": STRING,
     "log.wandb_name": STRING,
     "log.wandb_mode": choice(*wandb_run.MODES),
     "eval.interval": integer(0, why="must be >= 0 (0 disables periodic evaluation)"),

@@ -7,7 +7,12 @@ of its own each time (job type "eval"), since its steps (checkpoints, 0 for the 
 in the training run's history. A resumed training run redoes the steps after its checkpoint; W&B keeps the values
 first logged for those (its steps only go forward) while metrics.jsonl keeps the redone ones.
 `log.wandb_mode="offline"` writes everything locally (`wandb sync DIR` uploads it later) and needs no network or
-account."""
+account.
+
+W&B's own environment variables hold where the config leaves a setting empty (its default): `WANDB_PROJECT`,
+`WANDB_NAME`, `WANDB_MODE` (`offline`, `disabled`, ...) and `WANDB_DIR` (where W&B writes its files; the run id file
+stays in the workdir), as they do for any W&B script; else the project is `glmrl`, the name the workdir's and the
+mode `online`."""
 
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ from typing import Mapping
 
 from glmrl.errors import UserError
 
-MODES = ("online", "offline")
+MODES = ("", "online", "offline", "disabled")  # "": $WANDB_MODE, else online
+DEFAULT_PROJECT = "glmrl"
 _ID_FILE = "train_run_id"
 
 
@@ -44,14 +50,21 @@ class WandbRun:
     self._wandb = wandb
     directory = os.path.join(workdir, "wandb")
     os.makedirs(directory, exist_ok=True)
+    # The config's value, else W&B's environment variable, else glmrl's default: resolved here, since the
+    # arguments of wandb.init win over the variables and W&B reads them once per process.
+    env = os.environ
+    project = project or env.get("WANDB_PROJECT") or DEFAULT_PROJECT
+    name = name or env.get("WANDB_NAME") or os.path.basename(os.path.abspath(workdir))
+    mode = mode or env.get("WANDB_MODE") or "online"
     try:
-      self._run = wandb.init(project=project, name=name or os.path.basename(os.path.abspath(workdir)), mode=mode,
-                             dir=workdir, id=_run_id(directory, job), resume="allow" if job == "train" else None,
-                             job_type=job, config=dict(config or {}))
+      self._run = wandb.init(project=project, name=name, mode=mode, dir=env.get("WANDB_DIR") or workdir,
+                             id=_run_id(directory, job),
+                             resume="allow" if job == "train" else None, job_type=job, config=dict(config or {}))
       self._first_new_step = self._run.step  # 0 for a new run; past the last logged step for a resumed one
     except Exception as e:  # noqa: BLE001  (no account, no network, a bad project name: one line)
       raise UserError(f"log.wandb: W&B did not start a run in mode {mode!r} ({type(e).__name__}: {e}); "
-                      f"--config.log.wandb_mode=offline logs without an account or network") from e
+                      f"--config.log.wandb_mode=offline (or WANDB_MODE=offline) logs without an account or "
+                      "network") from e
 
   def _log(self, values: dict, step: int) -> None:
     if step >= self._first_new_step:  # W&B would drop an earlier step with a warning per call

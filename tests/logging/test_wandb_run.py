@@ -65,3 +65,36 @@ def test_no_wandb_without_the_flag_and_a_run_that_cannot_start_is_one_line(tmp_p
   with pytest.raises(UserError, match="log.wandb: W&B did not start a run in mode 'online'.*wandb_mode=offline"):
     WandbRun(str(tmp_path / "online"), project="p", name="n", mode="online", job="train",
              config=ml_collections.ConfigDict({"a": 1}).to_dict())
+
+
+def test_wandbs_environment_holds_where_the_config_leaves_a_setting_empty(tmp_path, monkeypatch):
+  """WANDB_MODE=offline with the defaults: an offline run (no account asked for), in WANDB_PROJECT under WANDB_DIR,
+  named WANDB_NAME; a value the config sets wins over its variable."""
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_PROJECT", "from_env")
+  monkeypatch.setenv("WANDB_NAME", "env_name")
+  monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))
+  (tmp_path / "elsewhere").mkdir()
+  monkeypatch.setenv("WANDB_API_KEY", "")
+  monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # an online run would fail here
+  config = demo.get_config()
+  config.log.wandb = True
+  assert (config.log.wandb_project, config.log.wandb_name, config.log.wandb_mode) == ("", "", "")
+  work = tmp_path / "work"
+  with run_writer(work, config) as w:
+    w.write_scalars(1, {"x": 1.0})
+  assert not list((work / "wandb").glob("*run-*"))  # W&B's files went to WANDB_DIR; the id file stays
+  (run,) = wandb_records.runs(tmp_path / "elsewhere")
+  assert (run["project"], run["name"]) == ("from_env", "env_name")
+  assert run["id"] == (work / "wandb" / "train_run_id").read_text().strip()
+  assert [r["x"] for r in wandb_records.history(tmp_path / "elsewhere") if "x" in r] == [1.0]
+
+  config.log.wandb_project, config.log.wandb_name = "from_config", "config_name"
+  with run_writer(tmp_path / "work2", config, job="eval") as w:
+    w.write_scalars(0, {"y": 1.0})
+  got = {(r["project"], r["name"]) for r in wandb_records.runs(tmp_path / "elsewhere")}
+  assert got == {("from_env", "env_name"), ("from_config", "config_name")}
+  monkeypatch.delenv("WANDB_DIR")
+  config.log.wandb_mode = "online"  # the config's mode wins over WANDB_MODE=offline: online, and no account here
+  with pytest.raises(UserError, match="W&B did not start a run in mode 'online'.*or WANDB_MODE=offline"):
+    run_writer(tmp_path / "work3", config)
