@@ -29,3 +29,25 @@ import flax
 # Eager sharding would demand a mesh at every module construction (tests,
 # conversion, eval_shape), so it is turned off library-wide.
 flax.config.update("flax_always_shard_variable", False)
+
+
+
+def _cpu_alone_without_an_accelerator() -> None:
+  """libtpu (requirements-compile.txt, for `--mode=compile`'s slice descriptions) makes JAX try a TPU backend at
+  start-up, and on a host without TPU chips that try prints five lines of libtpu's (one of them `E0000 ...
+  INVALID_ARGUMENT`) before a run's first line. Where this host has no accelerator JAX looks for (no TPU chip on
+  its PCI bus, no visible NVIDIA GPU, no AMD GPU driver: JAX's own tests) and JAX_PLATFORMS does not choose,
+  JAX takes the CPU it would have ended on without trying the others; describing a TPU slice loads libtpu apart."""
+  import os
+
+  if os.environ.get("JAX_PLATFORMS") or os.environ.get("JAX_FORCE_TPU_INIT") or os.path.exists("/dev/kfd"):
+    return
+  from jax._src import hardware_utils
+
+  if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0 and not hardware_utils.has_visible_nvidia_gpu():
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+
+
+_cpu_alone_without_an_accelerator()

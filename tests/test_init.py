@@ -1,0 +1,28 @@
+"""glmrl's library-wide settings (glmrl/__init__.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from jax._src import hardware_utils
+
+from tests.cli import ROOT
+
+NO_ACCELERATOR = (hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0
+                  and not hardware_utils.has_visible_nvidia_gpu() and not os.path.exists("/dev/kfd"))
+
+
+@pytest.mark.skipif(not NO_ACCELERATOR, reason="this host has an accelerator")
+def test_a_host_without_an_accelerator_starts_jax_without_libtpus_lines():
+  """libtpu is installed here (requirements-test.txt); before, the first use of JAX printed its five lines (one an
+  `E0000 ... INVALID_ARGUMENT`) into every command's output. JAX_PLATFORMS, where set, still chooses."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "TPU_SKIP_MDS_QUERY")}
+  code = "import glmrl, jax; print(jax.default_backend(), jax.config.jax_platforms)"
+  done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.split() == ["cpu", "cpu"]
+  assert "TPU" not in done.stderr and "E0000" not in done.stderr, done.stderr
+  done = subprocess.run([sys.executable, "-c", code], env={**env, "JAX_PLATFORMS": "cpu,tpu"}, cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+  assert "Unable to initialize backend 'tpu'" in done.stderr  # the user's choice is tried as they asked
