@@ -39,6 +39,8 @@ from glmrl import distributed
 from glmrl.checkpoint.signals import StopSignal
 from glmrl.errors import UserError
 from glmrl.train.workdir import layout_problem
+from glmrl.train.workdir import no_checkpoint_to_evaluate
+from glmrl.train.workdir import not_a_run_folder
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "demo.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and samples.", required=True)
@@ -199,7 +201,7 @@ def _check_workdir(workdir: str) -> None:
     parent = os.path.dirname(parent)
   if not os.path.isdir(parent) or not os.access(parent if not os.path.isdir(workdir) else workdir, os.W_OK):
     _fail(f"--workdir={workdir}: not writable")
-  problem = os.path.isdir(workdir) and layout_problem(workdir)
+  problem = os.path.isdir(workdir) and (not_a_run_folder(workdir) or layout_problem(workdir))
   if problem:
     _fail(problem)
 
@@ -224,6 +226,10 @@ def main(argv):
       distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                              _DISTRIBUTED_TIMEOUT.value, _run_facts(_CONFIG.value))
       config_checks.validate(_CONFIG.value, _MODE.value)
+      if _MODE.value == "eval":
+        problem = no_checkpoint_to_evaluate(_WORKDIR.value, _CONFIG.value.eval.steps)
+        if problem:
+          raise UserError(problem)
       compilation_cache.enable(compilation_cache.folder(_CACHE.value))
       kwargs = {}
       if _USE_EMA.value:

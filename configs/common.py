@@ -228,11 +228,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Weights & Biases too (pip install -r requirements-wandb.txt): every scalar and sample grid TensorBoard gets, in
   # the W&B run <workdir>/wandb/ keeps (a resume continues it; glmrl/logging/wandb_run.py).
   c.log.wandb = False  # Also log to W&B.
-  # Each "" below: W&B's environment variable (WANDB_PROJECT, WANDB_NAME, WANDB_MODE), else the default named.
-  c.log.wandb_project = ""  # W&B project; default "glmrl".
-  c.log.wandb_name = ""  # W&B run name; default the workdir's name.
-  # W&B mode; default "online".
-  c.log.wandb_mode = ""  # "online" (`wandb login` or WANDB_API_KEY), "offline" (`wandb sync` later), "disabled".
+  c.log.wandb_project = ""  # W&B project; "": $WANDB_PROJECT, else "glmrl".
+  c.log.wandb_name = ""  # W&B run name; "": $WANDB_NAME, else the workdir's name.
+  # W&B mode: "online" (needs `wandb login` or WANDB_API_KEY), "offline" (`wandb sync` uploads it later) or "disabled".
+  c.log.wandb_mode = ""  # "": $WANDB_MODE, else "online".
 
   # Where the AR sampler reads the generator's weights: "update" (the update's FSDP layout: every generated token
   # gathers them over fsdp), "gathered" (resharded once per rollout without the fsdp split: tensor-parallel over

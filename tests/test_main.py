@@ -125,7 +125,7 @@ def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_pat
     (("--config.decoder.adv_std=none",), "config.decoder.adv_std='none': must be one of ['group', 'batch']"),
     (("--use_ema", "--mode=generate"), "--use_ema=True: the run keeps no moving average"),
     (("--config=configs/demo_decoder.py:nft", "--use_ema"), "--use_ema=True: --mode=train takes no --use_ema"),
-    (("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=geneval:4",
+    (("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=geneval:4", "--config.eval.steps=0",
       "--config.rewards=({'name': 'geneval', 'weight': 1.0, 'kwargs': {'url': 'http://127.0.0.1:1/score'}},)"),
      "reward server http://127.0.0.1:1/score (start-up check): failed after 4 attempt(s); last error: connection failed"),
 ])
@@ -213,6 +213,52 @@ def test_a_workdir_holding_the_wrong_things_fails_in_one_line_and_is_left_as_it_
   assert_one_line_error(main_in_process("--config=configs/demo.py", "--config.train.num_steps=2", tmp_path=work),
                         message)
   assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == before
+
+
+def _step_folder(root):
+  step = root / "run" / "checkpoints" / "60"
+  (step / "params").mkdir(parents=True)
+  (step / "_CHECKPOINT_METADATA").write_text("{}")
+  return step
+
+
+def _export(root):
+  (root / "export").mkdir()
+  (root / "export" / "model_index.json").write_text("{}")
+  return root / "export"
+
+
+def _converted(root):
+  (root / "converted" / "transformer" / "params").mkdir(parents=True)
+  return root / "converted"
+
+
+@pytest.mark.parametrize("mode", ["eval", "generate", "train"])
+@pytest.mark.parametrize("make,message", [
+    (_step_folder, "/run/checkpoints/60 is a checkpoint (step 60), not a run's folder: pass --workdir={root}/run "
+                   "(--mode=eval takes the step as --config.eval.steps=60)"),
+    (lambda root: _step_folder(root).parent, "/run/checkpoints is a run's checkpoints folder, not the run's folder: "
+                                             "pass --workdir={root}/run"),
+    (_export, "/export holds an HF pipeline folder (model_index.json), not a run's folder"),
+    (_converted, "/converted holds a converted checkpoint (transformer/params), not a run's folder: name it with "
+                 "--config.model.checkpoint_dir"),
+], ids=["step", "checkpoints", "export", "converted"])
+def test_a_folder_that_is_not_a_runs_is_refused_in_one_line_and_left_as_it_was(make, message, mode, tmp_path):
+  """Before, `--mode=eval --workdir=W/checkpoints/60` evaluated the initial models and wrote its report there."""
+  work = make(tmp_path)
+  before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+  flags = ("--config.eval.benchmark=parti:2",) if mode == "eval" else ()
+  result = main_in_process("--config=configs/demo.py", f"--mode={mode}", *flags, tmp_path=work)
+  assert_one_line_error(result, message.format(root=tmp_path))
+  assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+def test_eval_of_a_folder_without_checkpoints_asks_for_step_0_in_one_line(tmp_path):
+  result = main_in_process("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=parti:2",
+                           tmp_path=tmp_path / "new")
+  assert_one_line_error(result, f"--mode=eval: {tmp_path}/new/checkpoints holds no checkpoint to evaluate: pass a "
+                                "training run's --workdir, or --config.eval.steps=0 to evaluate the initial models")
+  assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize("config,flag,model", [

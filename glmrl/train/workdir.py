@@ -25,3 +25,41 @@ def layout_problem(workdir: str) -> str | None:
       kind, want = ("folder", "file") if os.path.isdir(path) else ("file", "folder")
       return f"{path} is a {kind}; runs keep their {what} in a {want} of that name: move it away or pick another --workdir"
   return None
+
+
+def not_a_run_folder(workdir: str) -> str | None:
+  """One line when `workdir` is a folder of another kind that users pass for a run's by mistake (a checkpoint step
+  of a run, an HF folder or export, a converted checkpoint), or None. Every mode would otherwise write its records
+  into it: `--mode=eval` of a step folder evaluated the initial models there and exited 0."""
+  if not os.path.isdir(workdir):
+    return None
+  flag = f"--workdir={workdir}"
+  parent, name = os.path.split(os.path.normpath(os.path.abspath(workdir)))
+  if os.path.exists(os.path.join(workdir, "_CHECKPOINT_METADATA")) or (
+      name.isdigit() and os.path.basename(parent) == "checkpoints"):
+    run = os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else "the run's folder"
+    return (f"{flag} is a checkpoint (step {name}), not a run's folder: pass --workdir={run} (--mode=eval takes "
+            f"the step as --config.eval.steps={name})")
+  if name == "checkpoints" and any(d.isdigit() for d in os.listdir(workdir)):
+    return f"{flag} is a run's checkpoints folder, not the run's folder: pass --workdir={parent}"
+  for marker, what in (("model_index.json", "an HF pipeline folder"), ("adapter_config.json", "a PEFT adapter")):
+    if os.path.exists(os.path.join(workdir, marker)):
+      return (f"{flag} holds {what} ({marker}), not a run's folder: pass a run's --workdir (an HF folder is "
+              "converted by python -m checkpoints_convert and named by config.model.checkpoint_dir)")
+  converted = sorted(d for d in os.listdir(workdir) if d not in LAYOUT and os.path.isdir(os.path.join(workdir, d, "params")))
+  if converted:
+    return (f"{flag} holds a converted checkpoint ({converted[0]}/params), not a run's folder: name it with "
+            "--config.model.checkpoint_dir and pass a folder of its own as --workdir")
+  return None
+
+
+def no_checkpoint_to_evaluate(workdir: str, eval_steps: str) -> str | None:
+  """--mode=eval of the latest checkpoint (`config.eval.steps` empty) where the run has none: one line, else None.
+  The initial models are evaluated only when asked for (step 0)."""
+  if eval_steps:
+    return None
+  directory = os.path.join(workdir, "checkpoints")
+  if os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory)):
+    return None
+  return (f"--mode=eval: {directory} holds no checkpoint to evaluate: pass a training run's --workdir, or "
+          "--config.eval.steps=0 to evaluate the initial models")
