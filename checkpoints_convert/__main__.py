@@ -28,6 +28,8 @@ def parse_args(argv):
   p.add_argument("--use_ema", action="store_true",
                  help="a run whose decoder kept a moving average (config.decoder.ema): export the average of its "
                       "trained parameters instead of the parameters (--to_hf)")
+  p.add_argument("--overwrite", action="store_true",
+                 help="replace a non-empty --hf_out_dir (once the new folder is complete) instead of refusing it")
   p.add_argument("--max_shard_size", default=flax_to_hf.DEFAULT_MAX_SHARD_SIZE,
                  help="shard safetensors above this size, e.g. 5GB or 500MiB (--to_hf)")
   args = p.parse_args(argv)
@@ -37,7 +39,7 @@ def parse_args(argv):
       p.error("--to_hf takes --ckpt_dir and --hf_out_dir" + (f", not {' '.join(wrong)}" if wrong else ""))
   else:
     wrong = [f"--{n}" for n in ("ckpt_dir", "hf_out_dir", "step", "source_dir") if getattr(args, n) is not None]
-    wrong += [f"--{n}" for n in ("merge_lora", "use_ema") if getattr(args, n)]
+    wrong += [f"--{n}" for n in ("merge_lora", "use_ema", "overwrite") if getattr(args, n)]
     if not args.hf_dir or not args.out_dir or wrong:
       p.error("conversion takes --hf_dir and --out_dir" + (f", not {' '.join(wrong)} (use --to_hf)" if wrong else ""))
   return args
@@ -48,7 +50,8 @@ def main(argv=None) -> int:
   if args.to_hf:
     return run_command(lambda: flax_to_hf.export(args.ckpt_dir, args.hf_out_dir, step=args.step,
                                              source_dir=args.source_dir, max_shard_size=args.max_shard_size,
-                                             merge_lora=args.merge_lora, use_ema=args.use_ema))
+                                             merge_lora=args.merge_lora, use_ema=args.use_ema,
+                                             overwrite=args.overwrite))
   return run_command(lambda: hf_to_flax.convert_pipeline(args.hf_dir, args.out_dir))
 
 

@@ -22,7 +22,10 @@ folder's `transformer/` is the trained DiT (its config.json the source's, else t
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import tempfile
 from typing import Callable
 
 from checkpoints_convert import component_export
@@ -37,7 +40,72 @@ __all__ = ["DEFAULT_MAX_SHARD_SIZE", "export"]
 
 def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_dir: str | None = None,
            max_shard_size=DEFAULT_MAX_SHARD_SIZE, merge_lora: bool = False, use_ema: bool = False,
-           log: Callable[[str], None] = print) -> dict:
+           overwrite: bool = False, log: Callable[[str], None] = print) -> dict:
+  """`_export` into `hf_out_dir` as one step: written into a hidden folder beside it and renamed into place once
+  complete, so a failed or interrupted export leaves nothing there (and nothing that blocks a retry). A non-empty
+  `hf_out_dir` is refused unless `overwrite` (then replaced whole, once the new folder is complete); a folder
+  inside what is read, or holding it, always. A full disk is one error naming the folder and the space."""
+  if not os.path.isdir(ckpt_dir):
+    raise ValueError(f"--ckpt_dir {ckpt_dir!r} is not a directory")
+  out = os.path.abspath(hf_out_dir)
+  for flag, read in (("--ckpt_dir", ckpt_dir), ("--source_dir", source_dir)):
+    if read and _holds(out, os.path.abspath(read)):
+      raise ValueError(f"--hf_out_dir={hf_out_dir} is or holds {flag}={read}, which the export reads: choose "
+                       "another folder")
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ValueError(f"--hf_out_dir={hf_out_dir} is a file")
+  entries = sorted(os.listdir(out)) if os.path.isdir(out) else []
+  if entries and not overwrite:
+    raise ValueError(f"--hf_out_dir={hf_out_dir} is not empty ({len(entries)} entries, e.g. {entries[0]!r}): choose "
+                     "a new or empty folder, or pass --overwrite to replace it")
+  parent = os.path.dirname(out)
+  os.makedirs(parent, exist_ok=True)
+  free = shutil.disk_usage(parent).free
+  partial = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=parent)
+  try:
+    result = _export(ckpt_dir, partial, step=step, source_dir=source_dir, max_shard_size=max_shard_size,
+                     merge_lora=merge_lora, use_ema=use_ema, log=lambda line: log(line.replace(partial, out)))
+    if os.path.isdir(out):
+      replaced = f"{partial}.replaced"
+      os.rename(out, replaced)
+      os.rename(partial, out)
+      shutil.rmtree(replaced)
+    else:
+      os.rename(partial, out)
+  except OSError as e:
+    if e.errno != errno.ENOSPC:
+      raise
+    written = _size(partial)
+    raise ValueError(f"--hf_out_dir={hf_out_dir}: its disk filled after {written / 2**20:.1f} MiB of the export "
+                     f"({free / 2**20:.1f} MiB were free; it needs more): free space there or choose another folder "
+                     "(nothing was left behind)") from None
+  finally:
+    shutil.rmtree(partial, ignore_errors=True)
+  return _renamed(result, partial, out)
+
+
+def _holds(folder: str, path: str) -> bool:
+  """Whether `path` is `folder` or inside it (both absolute)."""
+  return os.path.commonpath([folder, path]) == folder
+
+
+def _size(folder: str) -> int:
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
+
+
+def _renamed(tree, old: str, new: str):
+  """`tree` with every string's `old` path replaced by `new` (the report's paths, written under the partial folder)."""
+  if isinstance(tree, str):
+    return tree.replace(old, new)
+  if isinstance(tree, dict):
+    return {k: _renamed(v, old, new) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return type(tree)(_renamed(v, old, new) for v in tree)
+  return tree
+
+
+def _export(ckpt_dir: str, hf_out_dir: str, *, step: int | None, source_dir: str | None, max_shard_size,
+            merge_lora: bool, use_ema: bool, log: Callable[[str], None]) -> dict:
   """Writes an HF GLM-Image folder from a converted or a training checkpoint.
 
   A LoRA run writes the pipeline folder of its base (the source folder) and its adapter in PEFT's
@@ -53,8 +121,6 @@ def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_di
   "incomplete_reason"} plus, for a training checkpoint, "step" and "source" (the converted folder
   the other components came from, or None).
   """
-  if not os.path.isdir(ckpt_dir):
-    raise ValueError(f"--ckpt_dir {ckpt_dir!r} is not a directory")
   st.parse_size(max_shard_size)
   training = run_export.find_training_checkpoint(ckpt_dir, step)
   if training is not None:

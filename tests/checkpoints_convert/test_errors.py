@@ -162,3 +162,58 @@ def test_cli_usage(tmp_path, capsys):
   assert "nope" in capsys.readouterr().err
   assert main(["--to_hf", f"--ckpt_dir={tmp_path}", f"--hf_out_dir={tmp_path / 'o'}", "--max_shard_size=5 apples"]) == 2
   assert "5 apples" in capsys.readouterr().err
+
+
+def _export_cli(ckpt, out, *extra):
+  return main(["--to_hf", f"--ckpt_dir={ckpt}", f"--hf_out_dir={out}", *extra])
+
+
+def test_an_export_never_writes_into_a_folder_that_holds_something_unless_told(tmp_path, vae, capsys):
+  """A non-empty --hf_out_dir (a run's workdir, an older export) is refused in one line and left as it was;
+  --overwrite replaces it whole once the new folder is complete; a folder that is or holds what is read, always."""
+  converted = vae[0] / "flax"
+  out = tmp_path / "workdir"
+  out.mkdir()
+  (out / "metrics.jsonl").write_text("{}\n")
+  capsys.readouterr()
+  assert _export_cli(converted, out) == 2
+  assert capsys.readouterr().err == (f"error: --hf_out_dir={out} is not empty (1 entries, e.g. 'metrics.jsonl'): "
+                                     "choose a new or empty folder, or pass --overwrite to replace it\n")
+  assert os.listdir(out) == ["metrics.jsonl"]
+  assert _export_cli(converted, out, "--overwrite") == 0
+  assert os.listdir(out) == ["vae"] and (out / "vae" / VAE_WEIGHTS).is_file()
+  assert not (out / "metrics.jsonl").exists()
+  assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []  # no partial folder left
+  capsys.readouterr()
+  for holder in (converted, converted.parent):
+    assert _export_cli(converted, holder, "--overwrite") == 2
+    assert capsys.readouterr().err == (f"error: --hf_out_dir={holder} is or holds --ckpt_dir={converted}, which the "
+                                       "export reads: choose another folder\n")
+  assert (converted / "vae" / "params").is_dir()
+
+
+def test_a_failed_export_leaves_nothing_and_a_full_disk_names_the_folder(tmp_path, vae, small_disk, monkeypatch):
+  converted = vae[0] / "flax"
+  disk = small_disk("64k")
+  out = disk / "export"
+  with pytest.raises(ValueError) as e:
+    flax_to_hf.export(str(converted), str(out), log=lambda s: None)
+  assert str(e.value).startswith(f"--hf_out_dir={out}: its disk filled after ")
+  assert "MiB were free; it needs more): free space there or choose another folder (nothing was left behind)" in \
+      str(e.value)
+  assert os.listdir(disk) == []
+  # Any other failure midway (here the weights' writer) leaves nothing either, and the retry then succeeds.
+  real = flax_to_hf.component_export.export_components
+  def failing(*args, **kwargs):
+    real(*args, **kwargs)
+    raise RuntimeError("stopped midway")
+  monkeypatch.setattr(flax_to_hf.component_export, "export_components", failing)
+  (tmp_path / "elsewhere").mkdir()
+  with pytest.raises(RuntimeError, match="stopped midway"):
+    flax_to_hf.export(str(converted), str(tmp_path / "elsewhere" / "export"), log=lambda s: None)
+  assert os.listdir(tmp_path / "elsewhere") == []
+  monkeypatch.setattr(flax_to_hf.component_export, "export_components", real)
+  logs = []
+  result = flax_to_hf.export(str(converted), str(tmp_path / "elsewhere" / "export"), log=logs.append)
+  assert (tmp_path / "elsewhere" / "export" / "vae" / VAE_WEIGHTS).is_file()
+  assert all(".partial-" not in line for line in logs) and all(".partial-" not in str(v) for v in result.values())
