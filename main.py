@@ -35,6 +35,7 @@ from ml_collections import config_flags
 import glmrl  # noqa: F401  (library-wide settings)
 from glmrl import compilation_cache
 from glmrl import config_checks
+from glmrl import config_files
 from glmrl import distributed
 from glmrl.checkpoint.signals import StopSignal
 from glmrl.errors import UserError
@@ -143,11 +144,35 @@ def _not_a_config(argv, config) -> str:
           "ml_collections.ConfigDict (start from configs/common.py's get_config() and set its fields)")
 
 
+def _data_file_config(argv, path: str) -> list:
+  """argv with `--config=run.yaml` (or .json) read through configs/from_file.py; the file's mistakes end here, in one
+  line at their line (glmrl/config_files.py)."""
+  try:
+    config_files.layered(path)
+  except UserError as e:
+    _fail(str(e))
+  loader = os.path.join(os.path.dirname(_DEFAULT_CONFIG), "from_file.py")
+  out, skip = [], False
+  for i, a in enumerate(argv):
+    if skip:
+      skip = False
+    elif a.startswith("--config="):
+      out.append(f"--config={loader}:{os.path.abspath(path)}")
+    elif a == "--config" and i + 1 < len(argv):
+      out.append(f"--config={loader}:{os.path.abspath(path)}")
+      skip = True
+    else:
+      out.append(a)
+  return out
+
+
 def _parse_flags(argv):
   """absl's parser, with every mistake in the command line reported in one line."""
   path = _config_path(argv)
   if path is not None and not os.path.isfile(path):
     _fail(f"--config={path}: no such file" + (" (a folder)" if os.path.isdir(path) else ""))
+  if config_files.is_data_file(path):
+    argv = _data_file_config(argv, path)
   try:
     try:
       parsed = flags.FLAGS(argv)
