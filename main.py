@@ -42,6 +42,7 @@ from glmrl.errors import UserError
 from glmrl.train.workdir import layout_problem
 from glmrl.train.workdir import no_checkpoint_to_evaluate
 from glmrl.train.workdir import not_a_run_folder
+from glmrl.train.workdir import other_run_problem
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "demo.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and samples.", required=True)
@@ -251,10 +252,11 @@ def main(argv):
       distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                              _DISTRIBUTED_TIMEOUT.value, _run_facts(_CONFIG.value))
       config_checks.validate(_CONFIG.value, _MODE.value)
-      if _MODE.value == "eval":
+      problem = _MODE.value != "compile" and other_run_problem(_WORKDIR.value, _CONFIG.value)
+      if not problem and _MODE.value == "eval":
         problem = no_checkpoint_to_evaluate(_WORKDIR.value, _CONFIG.value.eval.steps)
-        if problem:
-          raise UserError(problem)
+      if problem:
+        raise UserError(problem)
       compilation_cache.enable(compilation_cache.folder(_CACHE.value))
       kwargs = {}
       if _USE_EMA.value:

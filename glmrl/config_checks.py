@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
 from typing import Any, Callable
@@ -391,6 +392,22 @@ def _check_file(key: str, path: str) -> None:
   _check(os.path.isfile(path), key, path, "no such file")
 
 
+def _check_lpips_folder(folder: str) -> None:
+  """What `python -m checkpoints_convert.lpips` writes: config.json of LPIPS-VGG16 and params/ (before any model)."""
+  key, convert = "config.eval.drift_lpips_dir", "convert LPIPS: python -m checkpoints_convert.lpips"
+  _check(os.path.isdir(folder), key, folder, f"no such directory ({convert})")
+  config_path = os.path.join(folder, "config.json")
+  _check(os.path.isfile(config_path) and os.path.isdir(os.path.join(folder, "params")), key, folder,
+         f"not a converted LPIPS folder: it needs config.json and params/ ({convert})")
+  from glmrl.models.lpips import LPIPSConfig  # pylint: disable=import-outside-toplevel
+
+  try:
+    with open(config_path, encoding="utf-8") as f:
+      LPIPSConfig.from_hf(json.load(f))
+  except (ValueError, TypeError, AttributeError) as e:
+    _check(False, key, folder, f"{config_path} is not an LPIPS config ({e}; {convert})")
+
+
 def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
   """Raises ConfigError naming the first missing or invalid value (`mode`: what main.py will run)."""
   values = leaves(cfg)
@@ -452,8 +469,7 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
   if values["eval.prompts_file"] and (mode == "eval" or values["eval.interval"]):
     _check_file("config.eval.prompts_file", values["eval.prompts_file"])
   if values["eval.drift_lpips_dir"] and mode == "eval":
-    _check(os.path.isdir(values["eval.drift_lpips_dir"]), "config.eval.drift_lpips_dir",
-           values["eval.drift_lpips_dir"], "no such directory (convert LPIPS: python -m checkpoints_convert.lpips)")
+    _check_lpips_folder(values["eval.drift_lpips_dir"])
   if values["log.wandb"]:
     import importlib.util
     _check(importlib.util.find_spec("wandb") is not None, "config.log.wandb", True,

@@ -253,6 +253,57 @@ def test_a_folder_that_is_not_a_runs_is_refused_in_one_line_and_left_as_it_was(m
   assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 
+def _ar_run(work, **overrides):
+  """A workdir as an AR demo run leaves it: its config.json and a step folder (what the early check reads)."""
+  from configs import demo
+  from glmrl.train import resolved_config
+
+  (work / "checkpoints" / "2").mkdir(parents=True)
+  config = demo.get_config()
+  for key, value in overrides.items():
+    section, name = key.split("__")
+    config[section][name] = value
+  resolved_config.write(config, str(work))
+  return work
+
+
+@pytest.mark.parametrize("mode", ["train", "eval", "generate"])
+@pytest.mark.parametrize("flags,recorded,message", [
+    (("--config=configs/demo_decoder.py",), {}, "holds checkpoints of a run with config.train.policies='ar' "
+                                               "({work}/config.json); this config has 'decoder'"),
+    (("--config=configs/demo.py", "--config.lora.rank=4"), {}, "with config.lora.rank=0 ({work}/config.json); this "
+                                                               "config has 4"),
+    (("--config=configs/demo.py", "--config.lora.rank=4", "--config.lora.alpha=2.0"),
+     {"lora__rank": 4, "lora__alpha": 8.0}, "with config.lora.alpha=8.0 ({work}/config.json); this config has 2.0"),
+], ids=["policies", "lora_vs_full", "lora_alpha"])
+def test_a_workdir_of_another_run_is_refused_before_any_model_is_built(flags, recorded, message, mode, tmp_path):
+  """Before, an AR workdir resumed or evaluated with the decoder config was refused 26-40 s later, after the build."""
+  work = _ar_run(tmp_path / "work", **recorded)
+  extra = ("--config.eval.benchmark=parti:2",) if mode == "eval" else ()
+  result = main_in_process(*flags, f"--mode={mode}", *extra, tmp_path=work)
+  assert_one_line_error(result, message.format(work=work) + f": pass --config={work}/config.json (then your flags), "
+                                                           "or a new --workdir")
+  assert sorted(os.listdir(work)) == ["checkpoints", "config.json", "config.py"]
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda d: None, "not a converted LPIPS folder: it needs config.json and params/"),
+    (lambda d: ((d / "params").mkdir(), (d / "config.json").write_text('{"net": "alex", "version": "0.1"}')),
+     "config.json is not an LPIPS config (LPIPS config: only net='vgg' version='0.1' is supported, got net='alex'"),
+    (lambda d: ((d / "params").mkdir(), (d / "config.json").write_text("{not json")),
+     "config.json is not an LPIPS config (Expecting property name"),
+], ids=["empty", "other_net", "not_json"])
+def test_an_lpips_folder_that_is_not_one_is_refused_before_any_model(make, message, tmp_path):
+  lpips = tmp_path / "lpips"
+  lpips.mkdir()
+  make(lpips)
+  result = main_in_process("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=parti:2",
+                           "--config.eval.steps=0", f"--config.eval.drift_lpips_dir={lpips}", tmp_path=tmp_path / "w")
+  assert_one_line_error(result, f"config.eval.drift_lpips_dir='{lpips}': ")
+  assert message in result.stderr
+  assert not (tmp_path / "w").exists()
+
+
 def test_eval_of_a_folder_without_checkpoints_asks_for_step_0_in_one_line(tmp_path):
   result = main_in_process("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=parti:2",
                            tmp_path=tmp_path / "new")

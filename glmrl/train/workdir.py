@@ -63,3 +63,36 @@ def no_checkpoint_to_evaluate(workdir: str, eval_steps: str) -> str | None:
     return None
   return (f"--mode=eval: {directory} holds no checkpoint to evaluate: pass a training run's --workdir, or "
           "--config.eval.steps=0 to evaluate the initial models")
+
+
+def other_run_problem(workdir: str, config) -> str | None:
+  """One line when `workdir`'s checkpoints were trained with other policies or LoRA settings than `config` (the
+  run's `config.json`, written at each start, against this config), or None. Found here before any model is
+  built; the policies' own checks after the build (`glmrl.checkpoint.adapters`, the base's fingerprint) stay."""
+  import json  # pylint: disable=import-outside-toplevel
+
+  from glmrl.policy.registry import SAVED  # pylint: disable=import-outside-toplevel
+
+  path = os.path.join(workdir, "config.json")
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isfile(path) or not (os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))):
+    return None
+  with open(path, encoding="utf-8") as f:
+    recorded = json.load(f)
+
+  def get(tree, key):
+    for part in key.split("."):
+      tree = tree.get(part) if hasattr(tree, "get") else None
+    return list(tree) if isinstance(tree, (list, tuple)) else tree
+
+  keys = ["train.policies"]
+  for policy in str(config.train.policies).split("+"):
+    section = SAVED[policy].lora_section.removeprefix("config.")
+    if get(recorded, f"{section}.rank") or get(config, f"{section}.rank"):
+      keys += [f"{section}.rank", f"{section}.alpha", f"{section}.targets"]
+  for key in keys:
+    theirs, ours = get(recorded, key), get(config, key)
+    if theirs != ours:
+      return (f"--workdir={workdir} holds checkpoints of a run with config.{key}={theirs!r} ({path}); this config "
+              f"has {ours!r}: pass --config={path} (then your flags), or a new --workdir")
+  return None
