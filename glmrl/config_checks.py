@@ -392,6 +392,41 @@ def _check_file(key: str, path: str) -> None:
   _check(os.path.isfile(path), key, path, "no such file")
 
 
+# Settings read only under a condition: (keys, the setting that decides, is it read given that setting's value,
+# what reads them). A key set away from its default (configs/common.py) where nothing reads it is refused in one
+# line naming what would: a setting that does nothing is a mistake the run would never show. One rule for every
+# section (docs/training.md); the older checks above name their own reasons for the decoder's keys.
+READ_WHEN = (
+    (("decoder.nft_beta",), "decoder.algorithm", lambda a: a == "nft", "decoder.algorithm='nft'"),
+    (("decoder.dgpo_beta",), "decoder.algorithm", lambda a: a == "dgpo", "decoder.algorithm='dgpo'"),
+    (("decoder.awm_ghuber_power",), "decoder.awm_weighting", lambda w: w == "ghuber",
+     "decoder.awm_weighting='ghuber'"),
+    (("decoder.ema.decay", "decoder.ema.flat", "decoder.ema.ramp", "decoder.ema.steps_per_rollout"),
+     "decoder.ema.every", lambda every: every >= 1, "a moving average (decoder.ema.every >= 1)"),
+    (("grpo.tis_mode",), "grpo.tis_cap", lambda cap: cap > 0, "truncated importance sampling (grpo.tis_cap > 0)"),
+    (("log.wandb_project", "log.wandb_name", "log.wandb_mode"), "log.wandb", bool, "W&B logging (log.wandb=True)"),
+    (("eval.drift_lpips_dir",), "--mode", lambda mode: mode == "eval", "--mode=eval"),
+)
+
+
+def _check_read(values: dict, mode: str) -> None:
+  from configs import common  # pylint: disable=import-outside-toplevel  (the defaults)
+
+  defaults = leaves(common.base_config())
+  for keys, decider, is_read, reader in READ_WHEN:
+    setting = mode if decider == "--mode" else values[decider]
+    if is_read(setting):
+      continue
+    for key in keys:
+      default = defaults[key]
+      value = values[key]
+      if value != default and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                   and isinstance(default, (int, float)) and float(value) == float(default)):
+        shown = f"--mode={mode}" if decider == "--mode" else f"config.{decider}={setting!r}"
+        raise ConfigError(f"config.{key}={value!r} does nothing in this run ({shown}): only {reader} reads it; "
+                          f"leave it at its default {default!r}")
+
+
 def _check_lpips_folder(folder: str) -> None:
   """What `python -m checkpoints_convert.lpips` writes: config.json of LPIPS-VGG16 and params/ (before any model)."""
   key, convert = "config.eval.drift_lpips_dir", "convert LPIPS: python -m checkpoints_convert.lpips"
@@ -468,6 +503,7 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
          "compares checkpoints in --mode=eval only")
   if values["eval.prompts_file"] and (mode == "eval" or values["eval.interval"]):
     _check_file("config.eval.prompts_file", values["eval.prompts_file"])
+  _check_read(values, mode)
   if values["eval.drift_lpips_dir"] and mode == "eval":
     _check_lpips_folder(values["eval.drift_lpips_dir"])
   if values["log.wandb"]:

@@ -92,6 +92,35 @@ def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_pat
 
 
 @pytest.mark.parametrize("flags,message", [
+    (("--config=configs/demo_decoder.py", "--config.decoder.dgpo_beta=50"),
+     "config.decoder.dgpo_beta=50.0 does nothing in this run (config.decoder.algorithm='flow_grpo'): only "
+     "decoder.algorithm='dgpo' reads it; leave it at its default 100.0"),
+    (("--config=configs/demo_decoder.py:awm", "--config.decoder.nft_beta=0.5"),
+     "config.decoder.nft_beta=0.5 does nothing in this run (config.decoder.algorithm='awm'): only "
+     "decoder.algorithm='nft' reads it"),
+    (("--config=configs/demo_decoder.py:awm", "--config.decoder.awm_weighting=uniform",
+      "--config.decoder.awm_ghuber_power=0.5"),
+     "config.decoder.awm_ghuber_power=0.5 does nothing in this run (config.decoder.awm_weighting='uniform')"),
+    (("--config=configs/demo_decoder.py", "--config.decoder.ema.flat=75"),
+     "config.decoder.ema.flat=75 does nothing in this run (config.decoder.ema.every=0): only a moving average "
+     "(decoder.ema.every >= 1) reads it"),
+    (("--config.grpo.tis_mode=sequence_mask",),
+     "config.grpo.tis_mode='sequence_mask' does nothing in this run (config.grpo.tis_cap=0.0): only truncated "
+     "importance sampling (grpo.tis_cap > 0) reads it"),
+    (("--config.log.wandb_mode=offline",), "config.log.wandb_mode='offline' does nothing in this run "
+                                           "(config.log.wandb=False): only W&B logging (log.wandb=True) reads it"),
+    (("--config.eval.drift_lpips_dir=/tmp",), "config.eval.drift_lpips_dir='/tmp' does nothing in this run "
+                                              "(--mode=train): only --mode=eval reads it"),
+], ids=["dgpo_beta", "nft_beta", "ghuber_power", "ema_flat", "tis_mode", "wandb_mode", "lpips_dir"])
+def test_a_setting_that_nothing_reads_is_refused_in_one_line(flags, message, tmp_path):
+  """One rule for every section (glmrl/config_checks.py READ_WHEN); before, each of these passed silently."""
+  config = () if any(f.startswith("--config=") for f in flags) else ("--config=configs/demo.py",)
+  result = main_in_process(*config, *flags, tmp_path=tmp_path / "work")
+  assert_one_line_error(result, message)
+  assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("flags,message", [
     (("--config.decoder.algorithm=nft", "--config.decoder.ema.every=0"),
      "config.decoder.ema.every=0: decoder.algorithm='nft' samples with and contrasts against the moving average"),
     (("--config.decoder.ema_beta=0.1",), "config.decoder.ema.every=0: config.decoder.ema_beta=0.1 anchors to the "
