@@ -29,6 +29,36 @@ window.addEventListener("load", () => {
 """
 
 
+# What each drift measure of `glmrl.evaluation.drift` reads as, on the page beside the rewards.
+_DRIFT_MEANING = {
+    "drift/ssim": "1 - SSIM: 0 for the base's own image, about 1 where the structure is unrelated to the base's, "
+                  "above 1 (up to 2) where it is anti-correlated (SSIM below 0: light where the base is dark)",
+    "drift/rmse": "root mean square pixel difference on [0, 1]",
+    "drift/lpips": "LPIPS (VGG) distance: 0 for the same image, higher for perceptually farther",
+}
+
+
+def _drift_table(report: dict, steps, name) -> list[str]:
+  """The images' distance from the base's at the same prompt and seed, per checkpoint: the sign of reward hacking
+  the rewards alone do not show (`glmrl.evaluation.drift`). Nothing when the report holds no drift."""
+  esc = html_lib.escape
+  keys = sorted(k for k in report["rewards"] if k.startswith("drift/"))
+  if not keys:
+    return []
+  parts = [f"<h2>Drift from {esc(name(report['base_step']))}</h2><p>How far each checkpoint's images moved from the "
+           "base's at the same prompt and seed (means over prompts with their intervals). A reward that rises with "
+           "a large drift may be a reward hacked rather than earned.</p><ul>"]
+  parts += [f"<li><b>{esc(k)}</b>: {esc(_DRIFT_MEANING.get(k, ''))}</li>" for k in keys]
+  parts.append("</ul><table><tr><th>measure</th><th>category</th>" + "".join(f"<th>{esc(name(s))}</th>" for s in steps)
+               + "</tr>")
+  for k in keys:
+    for group, row in report["rewards"][k].items():
+      parts.append(f"<tr><td>{esc(k)}</td><td>{esc(group)}</td>"
+                   + "".join(f"<td>{format_ci(row['mean'][str(s)])}</td>" for s in steps) + "</tr>")
+  parts.append("</table>")
+  return parts
+
+
 def html(report: dict, title: str, image_dir: str = "images", reward: str = "reward") -> str:
   """The page of `report` (`glmrl.evaluation.report.compare`, with its prompts' text), its images at
   `<image_dir>/<step>/<prompt index>.png` relative to the page, cells scored by `reward`."""
@@ -50,7 +80,9 @@ def html(report: dict, title: str, image_dir: str = "images", reward: str = "rew
       mark = " up" if d["excludes_zero"] and d["mean"] > 0 else " down" if d["excludes_zero"] else ""
       cells.append(f"<span class=\"{mark.strip()}\">{format_ci(d, signed=True)}</span>")
     parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-  parts.append("</table><h2>Samples</h2><table><tr><th>#</th><th>prompt</th><th>category</th>" +
+  parts.append("</table>")
+  parts += _drift_table(report, steps, name)
+  parts.append("<h2>Samples</h2><table><tr><th>#</th><th>prompt</th><th>category</th>" +
                "".join(f"<th>{esc(name(s))}</th>" for s in steps) + "</tr>")
   per_prompt, first = report["per_prompt"][reward], report["first_sample"][reward]
   texts = report.get("prompt_text") or [""] * report["prompts"]

@@ -4,7 +4,7 @@ import json
 import math
 import os
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from absl import logging
@@ -79,16 +79,20 @@ class MetricsWriter:
     return row
 
   def drop_rows_after(self, step: int) -> int:
-    """Removes the rows of steps after `step` (a resumed run redoes them); returns how many.
+    """Removes the rows of steps after `step` (a resumed run redoes them); returns how many."""
+    step = _check_step(step)
+    return self.drop_rows(lambda row: row["step"] > step)
+
+  def drop_rows(self, drop: Callable[[dict], bool]) -> int:
+    """Removes the rows `drop` is true of (rows written again replace them); returns how many.
 
     The file is rewritten to a temporary name and renamed over the old one, so an interruption
     leaves either the old or the new file.
     """
-    step = _check_step(step)
     self._jsonl.flush()
     with open(self.metrics_path, encoding="utf-8") as f:
       lines = f.read().splitlines()
-    keep = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    keep = [line for line in lines if line.strip() and not drop(json.loads(line))]
     dropped = len([line for line in lines if line.strip()]) - len(keep)
     if dropped:
       self._jsonl.close()
@@ -149,6 +153,9 @@ class NullWriter:
     return {"step": step, **scalars}
 
   def drop_rows_after(self, step) -> int:
+    return 0
+
+  def drop_rows(self, drop) -> int:
     return 0
 
   def write_images(self, *args, **kwargs):

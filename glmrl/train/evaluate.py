@@ -86,6 +86,13 @@ def log_scores(writer, step: int, scores: dict, images, prompts, group_size: int
   return scalars
 
 
+def replace_eval_rows(writer, steps) -> None:
+  """Drops the metrics.jsonl rows of an earlier evaluation at `steps` (rows of eval/ scalars alone): the one about
+  to be logged replaces them, so a repeated or interrupted eval leaves each step's rows once."""
+  steps = set(steps)
+  writer.drop_rows(lambda row: row["step"] in steps and all(k == "step" or k.startswith("eval/") for k in row))
+
+
 def run_eval(run, params: dict, writer, step: int) -> dict:
   """`score` and `log_scores` at `step`: the AR policy's rewards under eval/reward/, the decoder policy's under
   eval/decoder/reward/ when it trains."""
@@ -118,6 +125,7 @@ def compare(run, workdir: str, steps: list[int], use_ema: bool = False) -> dict:
   lpips = drift_lpips(cfg.eval.drift_lpips_dir)
   writer = run_writer(workdir, cfg, job="eval")
   try:
+    replace_eval_rows(writer, steps)
     for step in steps:
       params = run.sampling_params() if step == 0 else restored_params(run, workdir, use_ema, step)[0]
       # Process 0 writes the page's images and the reports (every process samples its shards).
@@ -171,6 +179,7 @@ def evaluate(config, workdir: str, use_ema: bool = False) -> dict:
   os.makedirs(workdir, exist_ok=True)
   writer = run_writer(workdir, run.config, job="eval")
   try:
+    replace_eval_rows(writer, [step or 0])
     return run_eval(run, params, writer, step or 0)
   finally:
     writer.close()

@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image
 
 from glmrl.evaluation import stats
+from glmrl.evaluation.report import format_ci
 from tests.cli import TIMEOUT_S, assert_one_line_error, main_in_process
 
 
@@ -64,6 +65,22 @@ def test_eval_compares_checkpoints_with_paired_intervals(tmp_path):
                                        data_range=255, channel_axis=-1)
     np.testing.assert_allclose(report["first_sample"]["drift/ssim"]["2"][i], want, rtol=1e-6, atol=1e-9)
   assert "## drift/ssim" in text
+  # The page shows the drift beside the rewards, with what each measure means (1 - SSIM above 1 included).
+  page_text = (workdir / "eval" / "index.html").read_text()
+  assert "<h2>Drift from base (step 0)</h2>" in page_text and "above 1 (up to 2) where it is anti-correlated" in \
+      page_text
+  for name in ("drift/ssim", "drift/rmse"):
+    overall = report["rewards"][name]["overall"]["mean"]["2"]
+    assert f"<tr><td>{name}</td><td>overall</td><td>{format_ci(report['rewards'][name]['overall']['mean']['0'])}" \
+           f"</td><td>{format_ci(overall)}</td></tr>" in page_text
+
+  # A repeated eval replaces its rows in metrics.jsonl (one per step), not appends them again.
+  again = main_in_process(*flags, "--mode=eval", "--config.eval.benchmark=parti:4", "--config.eval.steps=0,2",
+                          tmp_path=workdir)
+  assert again.returncode == 0, again.stderr[-3000:]
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  assert [r["step"] for r in rows if "eval/reward/mean" in r] == [0, 2]
+  assert [r["step"] for r in rows if "eval/reward/mean" not in r] == [1, 2]  # the training rows stay
 
   bad = main_in_process(*flags, "--mode=eval", "--config.eval.benchmark=parti:4", "--config.eval.steps=0,5",
                         tmp_path=workdir)
