@@ -20,6 +20,7 @@ from flax import nnx
 
 from glmrl import sharding
 from glmrl.errors import UserError
+from glmrl.models import glm_image
 from glmrl.models import lora
 from glmrl.models.ar.config import ARConfig
 from glmrl.models.ar.model import GlmImageAR
@@ -362,10 +363,13 @@ def test_dit_targets_and_base_function_at_init():
 
 
 def test_full_ar_rank64_abstract():
-  """The released AR sizes with rank-64 adapters, built abstractly: shapes only, nothing allocated."""
+  """The released AR sizes with rank-64 adapters, built abstractly as a run builds them (the abstract base of
+  `glm_image.abstract_model`, adapters attached under eval_shape: glmrl/policy/state.py): shapes only, nothing
+  allocated."""
   full = preset_configs("full").ar
-  model = nnx.eval_shape(lambda: lora.apply_lora(GlmImageAR(full, rngs=nnx.Rngs(0)),
-                                                 LoraConfig(64, 64.0, lora.AR_TARGETS), nnx.Rngs(1)))
+  graphdef, abstract = glm_image.abstract_model("ar", full)
+  model = nnx.eval_shape(lambda s: lora.apply_lora(nnx.merge(graphdef, s), LoraConfig(64, 64.0, lora.AR_TARGETS),
+                                                   nnx.Rngs(1)), abstract)
   _, state = nnx.split(model)
   leaves = jax.tree.leaves(state)
   assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
