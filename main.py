@@ -146,12 +146,8 @@ def _not_a_config(argv, config) -> str:
 
 
 def _data_file_config(argv, path: str) -> list:
-  """argv with `--config=run.yaml` (or .json) read through configs/from_file.py; the file's mistakes end here, in one
-  line at their line (glmrl/config_files.py)."""
-  try:
-    config_files.layered(path)
-  except UserError as e:
-    _fail(str(e))
+  """argv with `--config=run.yaml` (or .json) read through configs/from_file.py, whose UserError (the file's mistake
+  at its line, glmrl/config_files.py) `_parse_flags` prints as it is."""
   loader = os.path.join(os.path.dirname(_DEFAULT_CONFIG), "from_file.py")
   out, skip = [], False
   for i, a in enumerate(argv):
@@ -182,6 +178,8 @@ def _parse_flags(argv):
         _fail(_not_a_config(argv, config))
       return parsed
     except Exception as e:  # pylint: disable=broad-except  # the config file's own error, at its line
+      if isinstance(_root_cause(e), UserError):  # a data file's mistake, already at its file and line
+        _fail(str(_root_cause(e)))
       raised = _raised_in_config_file(e, argv)
       if raised:
         _fail(raised)
@@ -235,7 +233,7 @@ def _check_workdir(workdir: str) -> None:
 def _run_facts(config) -> dict:
   """What every process of a run must hold equally (glmrl/rendezvous.py): its mode, workdir and config."""
   values = {k: repr(v) for k, v in config_checks.leaves(config).items()}
-  for key in ("rewards", "decoder.rewards"):
+  for key in config_files.WHOLE:  # the reward lists, which leaves() leaves out
     section, _, name = key.rpartition(".")
     values[key] = repr((config[section] if section else config).get(name))
   return {"mode": _MODE.value, "workdir": os.path.abspath(_WORKDIR.value), "config": values}

@@ -31,7 +31,6 @@ import flax
 flax.config.update("flax_always_shard_variable", False)
 
 
-
 def _cpu_alone_without_an_accelerator() -> None:
   """libtpu (requirements-compile.txt, for `--mode=compile`'s slice descriptions) makes JAX try a TPU backend at
   start-up, and on a host without TPU chips that try prints five lines of libtpu's (one of them `E0000 ...

@@ -26,3 +26,32 @@ def test_a_host_without_an_accelerator_starts_jax_without_libtpus_lines():
   done = subprocess.run([sys.executable, "-c", code], env={**env, "JAX_PLATFORMS": "cpu,tpu"}, cwd=ROOT,
                         capture_output=True, text=True, timeout=300)
   assert "Unable to initialize backend 'tpu'" in done.stderr  # the user's choice is tried as they asked
+
+
+@pytest.mark.parametrize("tpu_chips,nvidia,env,want_cpu", [
+    (0, False, {}, True),
+    (4, False, {}, False),
+    (0, True, {}, False),
+    (0, False, {"JAX_PLATFORMS": "cuda"}, False),
+])
+def test_the_cpu_is_chosen_only_where_no_accelerator_is_seen(tpu_chips, nvidia, env, want_cpu, monkeypatch):
+  """The decision itself, on any host (the platforms JAX's own hardware tests report stubbed): a TPU chip, a visible
+  NVIDIA GPU or JAX_PLATFORMS leaves JAX's choice alone."""
+  import jax
+
+  import glmrl
+
+  monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id", lambda: (tpu_chips, None))
+  monkeypatch.setattr(hardware_utils, "has_visible_nvidia_gpu", lambda: nvidia)
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  monkeypatch.delenv("JAX_FORCE_TPU_INIT", raising=False)
+  for k, v in env.items():
+    monkeypatch.setenv(k, v)
+  monkeypatch.setattr(os.path, "exists", lambda p, real=os.path.exists: False if p == "/dev/kfd" else real(p))
+  before = jax.config.jax_platforms
+  jax.config.update("jax_platforms", None)
+  try:
+    glmrl._cpu_alone_without_an_accelerator()  # pylint: disable=protected-access
+    assert (jax.config.jax_platforms == "cpu") == want_cpu, jax.config.jax_platforms
+  finally:
+    jax.config.update("jax_platforms", before)

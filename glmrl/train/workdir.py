@@ -56,11 +56,11 @@ def not_a_run_folder(workdir: str) -> str | None:
 def no_checkpoint_to_evaluate(workdir: str, eval_steps: str) -> str | None:
   """--mode=eval of the latest checkpoint (`config.eval.steps` empty) where the run has none: one line, else None.
   The initial models are evaluated only when asked for (step 0)."""
-  if eval_steps:
+  from glmrl.checkpoint.manager import saved_steps  # pylint: disable=import-outside-toplevel  (orbax: once needed)
+
+  if eval_steps or saved_steps(workdir):
     return None
   directory = os.path.join(workdir, "checkpoints")
-  if os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory)):
-    return None
   return (f"--mode=eval: {directory} holds no checkpoint to evaluate: pass a training run's --workdir, or "
           "--config.eval.steps=0 to evaluate the initial models")
 
@@ -71,11 +71,12 @@ def other_run_problem(workdir: str, config) -> str | None:
   built; the policies' own checks after the build (`glmrl.checkpoint.adapters`, the base's fingerprint) stay."""
   import json  # pylint: disable=import-outside-toplevel
 
+  from glmrl.checkpoint.manager import saved_steps  # pylint: disable=import-outside-toplevel
   from glmrl.policy.registry import SAVED  # pylint: disable=import-outside-toplevel
+  from glmrl.train.resolved_config import JSON_FILE  # pylint: disable=import-outside-toplevel
 
-  path = os.path.join(workdir, "config.json")
-  directory = os.path.join(workdir, "checkpoints")
-  if not os.path.isfile(path) or not (os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))):
+  path = os.path.join(workdir, JSON_FILE)
+  if not os.path.isfile(path) or not saved_steps(workdir):
     return None
   with open(path, encoding="utf-8") as f:
     recorded = json.load(f)
