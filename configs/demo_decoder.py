@@ -7,15 +7,20 @@ The AR generator is sampled but not trained (one token grid per prompt); the DiT
 - `cps`: Flow-GRPO's newer recipe: the CPS sampler (noise 0.8) and CFG-free training (one DiT pass per step);
 - `guard`: Flow-GRPO with GRPO-Guard's normalised ratio and MixGRPO's sliding window (it moves one step later
   halfway through);
-- `nft`: DiffusionNFT, CFG-free ODE rollouts sampled by the moving average;
-- `awm`: Advantage Weighted Matching as released (its config/dgx_awm.py): the ghuber weighting, advantages rescaled
-  to [-1, 1], clip range 1, a KL of weight 1 to a moving average of the adapters and of 0.003 to the base; CFG-free
-  ODE rollouts;
-- `dgpo`: Direct Group Preference Optimization, CFG-free ODE rollouts, a group's images trained at the same steps
-  with the same noise.
+- `nft`, `awm`, `dgpo`: DiffusionNFT, Advantage Weighted Matching and Direct Group Preference Optimization as their
+  repositories release them (`configs/released.py`, setting by setting with file and line; the table in
+  docs/reference/released_recipes.md): nft its default recipe (CFG-free, 9 of 10 steps per image, the average's
+  decay min(0.001 n, 0.5)), awm its OCR recipe (CFG-free, 6 stratified steps of 14 shared by the batch, ghuber,
+  clip 1, KL 1 to the average and 0.003 to the base), dgpo its OCR recipe (rollouts at CFG 4.5 and a CFG-free loss,
+  4 of the 7 noisiest of 10 steps shared by the batch, clip_dsm at 1e-2, KL 0.02).
+  Where the demo deviates, for all three: `decoder.group_size` 8 (released 16 or 24) for the CPU's budget and
+  `decoder.optim.learning_rate` 3e-2 (released 3e-4), the one rate at which every variant's tiny random DiT learns
+  in 30 rollouts; each rollout takes the model's Euler ODE steps (DPM-Solver-2, the SA-solver and DPM in the
+  repositories), and DGPO's switch to rollouts by its average after rollout 200 is not built.
 """
 
 from configs import demo
+from configs import released
 
 
 ALGORITHMS = ("flow_grpo", "cps", "guard", "nft", "awm", "dgpo")
@@ -49,19 +54,11 @@ def get_config(arg=None):
   if algorithm == "guard":
     c.decoder.ratio_norm = True
     c.decoder.window_slide_every, c.decoder.window_slide_stride = 15, 1
-  if algorithm in ("nft", "awm", "dgpo"):
-    c.decoder.train_guidance = 1.0  # CFG-free: one DiT pass per step, in the rollout and the update
-    c.decoder.train_timesteps = 2  # of the 4 steps, per image per update
-  if algorithm in ("nft", "awm"):
-    c.decoder.ema.every = 1
-  if algorithm == "nft":
-    # DiffusionNFT's default schedule of its old policy (its decay_type 1): decay min(0.001 n, 0.5) after step n.
-    c.decoder.ema.decay, c.decoder.ema.ramp = 0.5, 0.001
-  if algorithm == "awm":
-    # AWM's released recipe (config/dgx_awm.py): ghuber weighting, advantages in [-1, 1], clip range 1; anchored by
-    # a KL of weight 1 to an average of the adapters (decay min(0.001 n, 0.3)) and of 0.003 to the base.
-    c.decoder.awm_weighting, c.decoder.advantage_max, c.decoder.clip_range = "ghuber", 1.0, 1.0
-    c.decoder.ema.decay, c.decoder.ema.ramp, c.decoder.ema_beta, c.decoder.beta = 0.3, 0.001, 1.0, 0.003
+  if algorithm in released.RECIPES:
+    for setting in released.RECIPES[algorithm].settings:
+      if setting.key:
+        section, _, name = setting.key.rpartition(".")
+        c[section][name] = setting.demo_value
   c.checkpoint.save_interval = 10
   c.log.image_interval = 10
   return c

@@ -4,7 +4,8 @@
 
 tests/docs/test_build.py runs that command: a warning (a broken cross-reference or internal link, a docstring
 autodoc cannot read) fails it. The generated pages are committed: docs/reference/config.md
-(`python docs/gen_config_reference.py`) and docs/reference/fits.md (`python docs/compile_reports.py`).
+(`python docs/gen_config_reference.py`), docs/reference/released_recipes.md (`python docs/gen_released_recipes.py`)
+and docs/reference/fits.md (`python docs/compile_reports.py`).
 """
 
 import os

@@ -58,7 +58,8 @@ def scan_steps(step, carry, rollout, micro_batches: int, steps: int):
 # Metric names of the statistics a loss may report (masked means, `add`'s `mean_stats`).
 MEAN_METRICS = {"ratio_mean": "ratio/mean", "clip_frac_low": "clip/low_frac", "clip_frac_high": "clip/high_frac",
                 "kl_mean": "kl", "ema_kl_mean": "ema_kl", "old_deviation": "old_deviation",
-                "clip_frac_dual": "clip/dual_frac", "group_weight_mean": "dgpo/group_weight"}
+                "clip_frac_dual": "clip/dual_frac", "group_weight_mean": "dgpo/group_weight",
+                "clip_frac": "dgpo/clip_frac"}
 
 
 def init(params, mean_stats: tuple[str, ...], ratio: bool = True):

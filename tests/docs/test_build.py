@@ -21,7 +21,8 @@ def _build(src, out):
 def test_docs_build_without_warnings(tmp_path):
   result = _build(DOCS, tmp_path / "html")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-  for page in ("index", "getting_started", "reference/config", "reference/fits", "reference/api"):
+  for page in ("index", "getting_started", "reference/config", "reference/released_recipes", "reference/fits",
+               "reference/api"):
     assert (tmp_path / "html" / f"{page}.html").is_file(), page
   api = (tmp_path / "html" / "reference" / "api.html").read_text(encoding="utf-8")
   for name in ("glmrl.grpo.policy_loss", "glmrl.grpo.group_advantages", "glmrl.policy.registry.trained",

@@ -298,11 +298,13 @@ def test_dgpos_released_split_samples_guided_and_trains_without_guidance():
   from glmrl.policy import dgpo
   from glmrl.policy.base import FlopCounts
 
-  config = demo_decoder.get_config("dgpo")
-  config.decoder.train_guidance = 4.5
+  config = demo_decoder.get_config("dgpo")  # DGPO's released split and clip_dsm (configs/released.py)
+  assert (config.decoder.train_guidance, config.decoder.loss_guidance) == (4.5, 1.0) and config.decoder.dgpo_clip_dsm
+  config.decoder.dgpo_clip_dsm = False
+  split = dgpo.DgpoPolicy(config)
+  config.decoder.loss_guidance = 0.0
   same = dgpo.DgpoPolicy(config)
   config.decoder.loss_guidance = 1.0
-  split = dgpo.DgpoPolicy(config)
   assert same.guidance == split.guidance == 4.5
   assert same.spec(8).guidance_scale == 4.5 and split.spec(8).guidance_scale == 1.0
   counts = FlopCounts(ar_forward=0.0, dit_pass=1.0, images=8)
