@@ -14,6 +14,9 @@ from tests.train.common import device_run
 
 # The 8-device meshes both tests read, trained in one process (tests/train/multidevice_run.py).
 MESHES = ("2,2,2", "1,8,1", "1,4,2")
+# Both tests on one worker, one after the other: on two, the second worker waited for the first's 8-device run
+# (133 s of a 172 s run, in a full suite on 2 cores) instead of running other tests.
+pytestmark = pytest.mark.xdist_group("multidevice")
 
 
 @pytest.fixture
