@@ -66,7 +66,7 @@ _MODES = {
     "train": "glmrl.train.loop:train",
     "generate": "glmrl.train.generate:generate",
     "eval": "glmrl.train.evaluate:evaluate",
-    "compile": "glmrl.aot.mode:compile",
+    "compile": "glmrl.programs.compile_mode:compile",
 }
 
 

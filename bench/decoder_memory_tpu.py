@@ -3,7 +3,7 @@ decode alone, per DiT attention kernel, compiled from this CPU for a TPU slice (
 
     python -m bench.decoder_memory_tpu [--config configs/glm_image_t2i.py --topology v5p-64 --attention xla,splash]
 
-Builds the run abstractly as `--mode=compile` does (`glmrl.aot.programs.build`, the config's mesh and decode
+Builds the run abstractly as `--mode=compile` does (`glmrl.programs.abstract.build`, the config's mesh and decode
 chunk) and compiles, for each kernel:
 1. the run's decoder program (`programs.decoder`: denoise loop + VAE decode + uint8 images);
 2. the same with the VAE decode replaced by a nearest-neighbour upsample of three latent channels (the DiT's
@@ -30,8 +30,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from glmrl import sharding as sharding_lib  # noqa: E402
-from glmrl.aot import programs as programs_lib  # noqa: E402
-from glmrl.aot import topology as topology_lib  # noqa: E402
+from glmrl.programs import abstract as abstract_lib  # noqa: E402
+from glmrl.programs import topology as topology_lib  # noqa: E402
 from glmrl.models.vae import model as vae_model  # noqa: E402
 from glmrl.sampling import decode as decode_lib  # noqa: E402
 from glmrl.sampling import pipeline  # noqa: E402
@@ -46,7 +46,7 @@ def temporaries(lowered) -> float:
 def decoder(run) -> float:
   jax.clear_caches()  # jit's trace cache would hand the other variant's lowering back
   with jax.set_mesh(run.mesh):
-    return temporaries(programs_lib.decoder(run).lowered)
+    return temporaries(abstract_lib.decoder(run).lowered)
 
 
 def build(args, attention: str):
@@ -55,7 +55,7 @@ def build(args, attention: str):
   config.compile.topology = args.topology
   devices = topology_lib.devices(topology_lib.parse(args.topology))
   mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices=devices)
-  return programs_lib.build(config, mesh)
+  return abstract_lib.build(config, mesh)
 
 
 def decoder_without_vae(run) -> float:
@@ -73,7 +73,7 @@ def vae_alone(run, per_device: bool) -> float:
   chunk = pipeline.decode_chunk(cfg.sampling.decode_batch, run.images, run.request.images_per_prompt,
                                 sharding_lib.batch_devices(run.mesh))
   c, h, w = run.latent_shape
-  latents = programs_lib.batch_array(run.mesh, (chunk, c, h, w), jnp.float32)
+  latents = abstract_lib.batch_array(run.mesh, (chunk, c, h, w), jnp.float32)
   one_program = functools.partial(decode_lib.decode_images, vae_def)
 
   @jax.jit

@@ -49,7 +49,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 # HBM bytes per second and dense bfloat16 FLOP/s of one chip, by a part of its `device_kind` (vendors' data
-# sheets: NVIDIA H100 SXM / PCIe / NVL, H200 SXM; TPUs from glmrl/aot/topology.py).
+# sheets: NVIDIA H100 SXM / PCIe / NVL, H200 SXM; TPUs from glmrl/programs/topology.py).
 GPU_CHIPS = (("H200", 4.8e12, 989e12), ("H100 NVL", 3.9e12, 835e12), ("H100 PCIe", 2.0e12, 756e12),
              ("H100", 3.35e12, 989e12))
 SIZES = {
@@ -92,7 +92,7 @@ def parse_args(argv=None):
 
 def chip_rates(hbm_gbps: float = 0) -> tuple[float | None, float | None]:
   """(HBM bytes/s, bf16 FLOP/s) of this process's first device, None where not known."""
-  from glmrl.aot import topology  # pylint: disable=import-outside-toplevel
+  from glmrl.programs import topology  # pylint: disable=import-outside-toplevel
 
   kind = jax.devices()[0].device_kind
   hbm, flops = None, None
@@ -133,7 +133,7 @@ def run_config(args, recipe: str = "lora"):
 
 def build_pipeline(args, components: tuple[str, ...], dit_attention: str | None = None):
   """The recipe's GlmImagePipeline holding random `components` (the others left out) on this process's device."""
-  from glmrl.aot import run_plan  # pylint: disable=import-outside-toplevel
+  from glmrl.programs import plan  # pylint: disable=import-outside-toplevel
   from glmrl.models import glm_image  # pylint: disable=import-outside-toplevel
   from glmrl.sampling.pipeline import GlmImagePipeline  # pylint: disable=import-outside-toplevel
   from glmrl.train import setup  # pylint: disable=import-outside-toplevel
@@ -141,7 +141,7 @@ def build_pipeline(args, components: tuple[str, ...], dit_attention: str | None 
   config = run_config(args)
   if dit_attention:
     config.model.dit_attention = dit_attention
-  configs = run_plan.model_configs(config)
+  configs = plan.model_configs(config)
   texts = open(config.data.prompts_file).read().splitlines()
   processor, glyph_tokenizer = setup.processors(config, configs, texts)
   models = {}

@@ -24,7 +24,7 @@ def base_config() -> ml_collections.ConfigDict:
   # activations double; off in the released configs). Text-to-image only.
   c.model.dit_cfg_batched = False  # Both CFG branches in one DiT forward.
   # Rematerialise each AR decoder layer in the backward pass (saves activation memory); with a decoder policy
-  # trained, each DiT block too (glmrl/aot/run_plan.py).
+  # trained, each DiT block too (glmrl/programs/plan.py).
   c.model.remat = False  # Rematerialise in the backward pass (see above).
 
   # Low-rank adapters on the AR generator: only the adapters (and their optimizer state) train, the base stays
@@ -237,7 +237,7 @@ def base_config() -> ml_collections.ConfigDict:
   # gathers them over fsdp), "gathered" (resharded once per rollout without the fsdp split: tensor-parallel over
   # mesh.tensor and whole on every other chip; the generator's size / tensor more HBM during the rollout) or "auto"
   # ("gathered" where the copy, the KV cache and the resident state fit in 90% of a chip's memory, else "update";
-  # glmrl/aot/auto.py; the run logs its choice and why, the compile report records it).
+  # glmrl/programs/auto.py; the run logs its choice and why, the compile report records it).
   c.rollout = ml_collections.ConfigDict()
   c.rollout.ar_weights = "auto"  # "auto", "update" or "gathered".
   c.compile = ml_collections.ConfigDict()

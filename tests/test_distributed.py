@@ -58,16 +58,16 @@ def _auto_with_other_memory(process_id: int) -> dict:
   state (room for no generator copy): what each process's own memory picks, and what the run resolves."""
   from configs import demo  # pylint: disable=import-outside-toplevel
   from glmrl import device_memory, sharding  # pylint: disable=import-outside-toplevel
-  from glmrl.aot import auto, programs  # pylint: disable=import-outside-toplevel
+  from glmrl.programs import abstract, auto, plan  # pylint: disable=import-outside-toplevel
   from glmrl.train import setup  # pylint: disable=import-outside-toplevel
 
   config = demo.get_config()
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-  run = programs.build(config, mesh, "cpu", 2 ** 40)
+  run = abstract.build(config, mesh, "cpu", 2 ** 40)
   own = 2 ** 40 if process_id == 0 else sum(run.resident_bytes().values())
   device_memory.limit_bytes = lambda: own
   return {"own": auto.ar_weights(config, mesh, lambda: run, own).value,
-          "run": setup.resolve_auto(config, mesh).rollout.ar_weights}
+          "run": setup.resolve_plan(plan.draft(config), mesh).config.rollout.ar_weights}
 
 
 def test_independent_programs_across_processes_on_cpus_run_one_at_a_time_without_the_compilation_cache(tmp_path):

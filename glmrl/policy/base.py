@@ -76,7 +76,7 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class FlopCounts:
-  """What a policy's FLOPs are counted from (`glmrl.aot.report.step_flops`): one forward of the generator over
+  """What a policy's FLOPs are counted from (`glmrl.programs.report.step_flops`): one forward of the generator over
   the rollout's rows, one DiT pass (one image, one step, one CFG branch), the rollout's images."""
   ar_forward: float
   dit_pass: float
@@ -134,7 +134,7 @@ class Policy(Protocol):
 
   def abstract_inputs(self, run) -> tuple:
     """(update shape, batch) of its update as ShapeDtypeStructs with the run's shardings (`--mode=compile`;
-    `run`: `glmrl.aot.programs.AbstractRun`)."""
+    `run`: `glmrl.programs.abstract.AbstractRun`)."""
 
   def update_shape(self, sampled) -> tuple:
     """What its compiled update depends on besides its settings (static)."""

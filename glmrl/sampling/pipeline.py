@@ -396,7 +396,7 @@ class GlmImagePipeline:
     """
     cond = conditioning or self.conditioning(prepared, target_Bxhxw, group_size)
     b = target_Bxhxw.shape[0]
-    # A run checks its batches before building models (`run_plan.check_batch`).
+    # A run checks its batches before building models (`glmrl.programs.plan.check_batch`).
     chunk = decode_chunk(self.spec.decode_batch, b, group_size, self.batch_devices)
     dit_def = self.models["dit"][0]
     dit_params = self.dit_params(dit_params)

@@ -6,7 +6,6 @@ Every check on the inputs happens here, before any model is built or compiled.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 
 import jax
@@ -14,14 +13,13 @@ from absl import logging
 
 from glmrl import device_memory, distributed
 from glmrl import sharding as sharding_lib
-from glmrl.aot import auto
-from glmrl.aot.run_plan import check_batch, model_configs
+from glmrl.programs import auto
+from glmrl.programs import plan as plan_lib
 from glmrl.data import PromptIterator, benchmarks, load_prompts
 from glmrl.errors import UserError
 from glmrl.models import glm_image
 from glmrl.models.ar import tokenizer as word_tokenizer
 from glmrl.models.ar.prompt import PromptProcessor
-from glmrl.policy import registry
 from glmrl.policy.base import Request
 from glmrl.policy.state import build_state, num_params
 from glmrl.rewards import RewardComposer
@@ -33,8 +31,8 @@ from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_glyph_
 @dataclasses.dataclass
 class Run:
   """What every mode builds from the config: mesh, prompts, rewards, pipeline, and the state of each trained
-  policy by name (`glmrl.policy`)."""
-  config: object
+  policy by name (`glmrl.policy`), from the run's one plan (`glmrl.programs.plan.RunPlan`)."""
+  plan: plan_lib.RunPlan
   mesh: jax.sharding.Mesh
   records: list
   eval_records: list
@@ -44,15 +42,20 @@ class Run:
   pipeline: GlmImagePipeline
   states: dict              # policy name -> PolicyState
 
-  @functools.cached_property
+  @property
+  def config(self):
+    """The run's config, every `auto` resolved."""
+    return self.plan.config
+
+  @property
   def policies(self) -> dict:
     """The trained policies by name, bound to the run's config (`glmrl.policy.registry`)."""
-    return registry.trained(self.config)
+    return self.plan.policies
 
   @property
   def request(self) -> Request:
     """The rollout every trained policy shares: token grids per prompt, decoder samples per grid."""
-    return registry.shared_request(self.policies)
+    return self.plan.request
 
   @property
   def group_size(self) -> int:
@@ -90,7 +93,10 @@ def eval_source(config) -> str:
   return config.eval.prompts_file
 
 
-def load_records(config, train: bool = True):
+def load_records(plan: plan_lib.RunPlan, train: bool = True):
+  """(training prompts, held-out prompts) of the plan's config, each checked against the mode and what the rewards
+  read."""
+  config = plan.config
   records = load_prompts(config.data.prompts_file)
   eval_records = load_prompts(config.eval.prompts_file) if config.eval.prompts_file else []
   eval_path = eval_source(config)
@@ -107,8 +113,7 @@ def load_records(config, train: bool = True):
         raise UserError(f"{path}:{r.line}: source_images given but data.mode='t2i' (set --config.data.mode=i2i)")
   # What the rewards read of every prompt: the trained policies' rewards score the training prompts (when the run
   # trains), and evaluation adds config.rewards.
-  request = registry.rollout_request(config)
-  trained_entries = [e for p in registry.trained(config).values() for e in p.rewards(request)[0]]
+  trained_entries = [e for p in plan.policies.values() for e in p.rewards(plan.request)[0]]
   for path, recs, entries in ((config.data.prompts_file, records, trained_entries if train else []),
                               (eval_path, eval_records, list(config.rewards) + trained_entries)):
     for entry in entries:
@@ -121,28 +126,28 @@ def load_records(config, train: bool = True):
   return records, eval_records
 
 
-def resolve_auto(config, mesh):
-  """`config` with its `auto` settings chosen for the run's platform and devices (`glmrl.aot.auto`), each choice
+def resolve_plan(draft: plan_lib.RunPlan, mesh) -> plan_lib.RunPlan:
+  """`draft` with its `auto` settings chosen for the run's platform and devices (`glmrl.programs.auto`), each choice
   logged in one line by process 0; UserError when the run's resident state cannot fit a device at all.
 
   One choice for every process: they decide from the smallest device memory any of them reports (hosts of one
   run can report different sizes), as two processes that built different programs would wait on each other's
   collectives for ever."""
-  if "auto" not in (config.rollout.ar_weights, config.model.dit_attention):
-    return config
-  from glmrl.aot import programs  # pylint: disable=import-outside-toplevel  # it builds on this module
+  if not draft.has_auto:
+    return draft
+  from glmrl.programs import abstract  # pylint: disable=import-outside-toplevel  # it builds on this module
 
-  platform, hbm = jax.default_backend(), distributed.smallest("device memory", device_memory.limit_bytes())
+  hbm = distributed.smallest("device memory", device_memory.limit_bytes())
 
-  def abstract_run():
-    run = programs.build(config, mesh, platform, hbm)
+  def sizes():
+    run = abstract.from_plan(draft, mesh)
     auto.check_resident_fits(run, hbm)
     return run
 
-  config, choices = auto.resolve(config, mesh, platform, hbm, abstract_run)
-  for choice in choices if distributed.is_main() else ():
+  plan = plan_lib.resolve(draft, mesh, hbm, sizes)
+  for choice in plan.choices if distributed.is_main() else ():
     logging.info("%s", choice.line())
-  return config
+  return plan
 
 
 def processors(config, configs, texts):
@@ -204,11 +209,12 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
     mesh_shape = sharding_lib.mesh_shape(m.data, m.fsdp, m.tensor, jax.device_count())
   except ValueError as e:
     raise UserError(f"config.mesh: {e}") from None
-  check_batch(config, mesh_shape)
-  records, eval_records = load_records(config, train)
+  draft = plan_lib.draft(config)
+  plan_lib.check_batch(draft, mesh_shape)
+  records, eval_records = load_records(draft, train)
   mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor)
-  config = resolve_auto(config, mesh)
-  policies, request = registry.trained(config), registry.rollout_request(config)
+  plan = resolve_plan(draft, mesh)
+  config, policies, request = plan.config, plan.policies, plan.request
   composers = {}
   for name, policy in policies.items():
     entries, group = policy.rewards(request)
@@ -217,7 +223,7 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
   # when one is (its model-backed rewards are built once).
   composer = next((composers[n] for n, p in policies.items() if p.rewards_key == "rewards"), None) or \
       reward_composer(config, mesh)
-  configs = model_configs(config)
+  configs = plan.configs
   processor, glyph_tokenizer = processors(config, configs, [r.prompt for r in records + eval_records])
   for path, recs in ((config.data.prompts_file, records), (eval_source(config), eval_records)):
     check_prompt_lengths(processor, recs, path, config)
@@ -260,4 +266,4 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
     models[policy.component] = (state.graphdef, None)
   pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config), mesh=mesh)
   distributed.barrier("models built")  # before the run's first collective (`distributed.barrier`)
-  return Run(config, mesh, records, eval_records, iterator, composer, composers, pipeline, states)
+  return Run(plan, mesh, records, eval_records, iterator, composer, composers, pipeline, states)

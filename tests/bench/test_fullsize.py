@@ -26,12 +26,12 @@ def _ar_expectations():
   """(new tokens per sample, weight bytes a decoding step reads, KV-cache bytes per token) of the tiny LoRA
   recipe's generator, from its config and abstract model."""
   from bench import fullsize_recipe
-  from glmrl.aot import run_plan
+  from glmrl.programs import plan
   from glmrl.models import glm_image
   from glmrl.models.ar.prompt import GenerationLayout
 
   config = fullsize_recipe.get_config("lora,tiny")
-  cfg = run_plan.model_configs(config).ar
+  cfg = plan.model_configs(config).ar
   layout = GenerationLayout.for_size(config.data.height, config.data.width, text_to_image=True)
   _, abstract = glm_image.abstract_model("ar", cfg)
   flat = jax.tree_util.tree_leaves_with_path(abstract)

@@ -124,7 +124,7 @@ def test_flattened_adapters_keep_the_batch_split_on_8_chips():
   the chips and the program all-gathers nothing: flattening [B, L, I] to [B*L, I] inside the adapter moves no
   activation between chips (only the adapters' gradients are summed over them)."""
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-  from glmrl.aot import topology  # pylint: disable=import-outside-toplevel  (libtpu: requirements-compile.txt)
+  from glmrl.programs import topology  # pylint: disable=import-outside-toplevel  (libtpu: requirements-compile.txt)
 
   devices = topology.devices(topology.parse("v5e-8"))
   mesh = jax.sharding.Mesh(np.array(devices).reshape(1, 8, 1), ("data", "fsdp", "tensor"))

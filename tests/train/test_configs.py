@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from glmrl import config_checks, sharding
-from glmrl.aot import run_plan
+from glmrl.programs import plan
 from glmrl.models import glm_image
 from glmrl.models.ar.prompt import GenerationLayout
 from glmrl.policy import ar as ar_policy
@@ -45,7 +45,7 @@ def test_real_configs_need_a_checkpoint_and_have_the_paper_defaults(name, tmp_pa
 def test_tiny_configs_validate(name):
   c = load(name, None if name.startswith("demo") else "tiny")
   config_checks.validate(c)
-  setup.load_records(c)  # the bundled prompt files fit the mode
+  setup.load_records(plan.draft(c))  # the bundled prompt files fit the mode
 
 
 # The slices the released recipes' compile reports were made for (docs/reference/fits.md, docs/benchmarks.md),
@@ -59,7 +59,7 @@ SLICES = [("glm_image_t2i", 32, {}), ("glm_image_t2i", 256, {"mesh.fsdp": 128, "
 @pytest.mark.parametrize("shrink", [{}, {"data.prompts_per_step": 4}, {"data.prompts_per_step": 2},
                                     {"grpo.group_size": 8}])
 def test_released_configs_fit_every_listed_slice_unchanged_and_shrunk(name, chips, flags, shrink):
-  """The batch checks of a run (`run_plan.check_batch`) pass for the released configs on each slice listed above,
+  """The batch checks of a run (`plan.check_batch`) pass for the released configs on each slice listed above,
   as shipped and shrunk by flags: `sampling.decode_batch` = 0 picks a chunk that fits every batch."""
   c = load(name)
   for key, value in {**flags, **shrink}.items():
@@ -69,9 +69,9 @@ def test_released_configs_fit_every_listed_slice_unchanged_and_shrunk(name, chip
   rows = c.data.prompts_per_step * registry.rollout_request(c).grids_per_prompt
   if rows % (shape[0] * shape[1]):  # the AR sampler's own rule, whatever the decoder's chunk
     with pytest.raises(ValueError, match="do not divide over the mesh's data x fsdp"):
-      run_plan.check_batch(c, shape)
+      plan.check_batch(plan.draft(c), shape)
   else:
-    run_plan.check_batch(c, shape)
+    plan.check_batch(plan.draft(c), shape)
 
 
 def test_decoupled_config_names_each_required_reward_input(tmp_path):

@@ -10,7 +10,7 @@ from flax import nnx
 from PIL import Image
 
 from configs import demo
-from glmrl.aot import run_plan
+from glmrl.programs import plan
 from glmrl.checkpoint import TrainCheckpointer
 from glmrl.checkpoint import manager as checkpoint_manager
 from glmrl.models.ar.model import GlmImageAR
@@ -32,7 +32,7 @@ def _config(prompts_file):
 
 def _zero_ar_params(config):
   """The whole AR state of the run's config with every parameter 0: uniform next-token logits."""
-  cfg = run_plan.model_configs(config).ar
+  cfg = plan.model_configs(config).ar
   _, state = nnx.split(nnx.eval_shape(lambda: GlmImageAR(cfg, rngs=nnx.Rngs(0))))
   return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), state)
 
@@ -82,7 +82,7 @@ def test_uses_the_checkpoint_parameters(generated):
   _, workdir, result = generated
   assert result["step"] == STEP
   tokens = np.load(workdir / "generate" / "tokens.npz")
-  codebook = run_plan.model_configs(generated[0]).ar.vq.num_embeddings
+  codebook = plan.model_configs(generated[0]).ar.vq.num_embeddings
   np.testing.assert_allclose(tokens["logprobs"][:, :-1], -np.log(codebook), atol=1e-5)
 
 

@@ -4,7 +4,7 @@ import glmrl  # noqa: F401
 
 import pytest
 
-from glmrl.aot import run_plan
+from glmrl.programs import plan
 from glmrl.models import glm_image
 from glmrl.train import setup
 from tests.train.common import tiny_config
@@ -20,13 +20,13 @@ def no_models(monkeypatch):
 def test_batch_must_divide_over_the_mesh():
   config = tiny_config(data__prompts_per_step=3, grpo__group_size=3)
   with pytest.raises(ValueError, match=r"3 x 3 = 9 do not divide over the mesh's data x fsdp = 2 x 2 = 4"):
-    run_plan.check_batch(config, (2, 2, 2))
+    plan.check_batch(plan.draft(config), (2, 2, 2))
   # Micro-batches that do not split over data x fsdp are allowed (partly replicated), e.g. 16 on 32 chips.
-  run_plan.check_batch(tiny_config(train__micro_batch_size=6, data__prompts_per_step=3), (2, 2, 2))
-  run_plan.check_batch(tiny_config(train__micro_batch_size=16, data__prompts_per_step=16, grpo__group_size=8),
+  plan.check_batch(plan.draft(tiny_config(train__micro_batch_size=6, data__prompts_per_step=3)), (2, 2, 2))
+  plan.check_batch(plan.draft(tiny_config(train__micro_batch_size=16, data__prompts_per_step=16, grpo__group_size=8)),
                     (1, 32, 1))
   with pytest.raises(ValueError, match="micro_batch_size=5 does not divide its update.s batch 12"):
-    run_plan.check_batch(tiny_config(train__micro_batch_size=5, data__prompts_per_step=3), (1, 1, 1))
+    plan.check_batch(plan.draft(tiny_config(train__micro_batch_size=5, data__prompts_per_step=3)), (1, 1, 1))
 
 
 @pytest.mark.parametrize("lines,message", [
@@ -57,19 +57,19 @@ def test_decoupled_batch_checks_name_the_decoder_fields():
   from tests.train.common import decoupled_config
 
   # 2 prompts x 4 grids = 8 AR rows, x 2 decoder samples = 16 images.
-  run_plan.check_batch(decoupled_config(), (2, 2, 2))
+  plan.check_batch(plan.draft(decoupled_config()), (2, 2, 2))
   with pytest.raises(ValueError, match=r"AR sampler's rows prompts_per_step x group_size = 2 x 4 = 8 do not divide"):
-    run_plan.check_batch(decoupled_config(), (1, 16, 1))
+    plan.check_batch(plan.draft(decoupled_config()), (1, 16, 1))
   with pytest.raises(ValueError, match="config.decoder.micro_batch_size=5 does not divide its update.s batch 16"):
-    run_plan.check_batch(decoupled_config(decoder__micro_batch_size=5), (1, 1, 1))
+    plan.check_batch(plan.draft(decoupled_config(decoder__micro_batch_size=5)), (1, 1, 1))
   with pytest.raises(ValueError, match=r"decode_batch=3 must divide the batch of 16 samples"):
-    run_plan.check_batch(decoupled_config(sampling__decode_batch=3), (1, 1, 1))
+    plan.check_batch(plan.draft(decoupled_config(sampling__decode_batch=3)), (1, 1, 1))
 
 
 def test_decoder_policy_rematerialises_the_dit_with_model_remat():
   from tests.train.common import decoupled_config
 
-  assert run_plan.model_configs(decoupled_config(model__remat=True)).dit.remat
-  assert not run_plan.model_configs(decoupled_config(model__remat=False)).dit.remat
+  assert plan.model_configs(decoupled_config(model__remat=True)).dit.remat
+  assert not plan.model_configs(decoupled_config(model__remat=False)).dit.remat
   # Without the decoder policy the DiT is never differentiated: its programs stay as they were.
-  assert not run_plan.model_configs(tiny_config(model__remat=True)).dit.remat
+  assert not plan.model_configs(tiny_config(model__remat=True)).dit.remat

@@ -210,9 +210,9 @@ def test_auto_picks_the_platforms_kernel(platform, dtype, impl):
 
 
 def test_auto_resolves_for_the_run_and_for_a_tpu_compile():
-  from glmrl.aot import run_plan
+  from glmrl.programs import plan
   from tests.train.common import tiny_config
 
   config = tiny_config(model__dit_attention="auto")
-  assert run_plan.model_configs(config).dit.attention_impl is None  # this CPU: XLA's
-  assert run_plan.model_configs(config, platform="tpu").dit.attention_impl == "splash"
+  assert plan.model_configs(config).dit.attention_impl is None  # this CPU: XLA's
+  assert plan.model_configs(config, platform="tpu").dit.attention_impl == "splash"

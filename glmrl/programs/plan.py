@@ -1,29 +1,70 @@
-"""What a run's config decides before anything is built, for the run and `--mode=compile` alike: the models' configs
-with their runtime fields (`model_configs`), and whether the rollout's rows and each policy's micro-batches split
-over the mesh (`check_batch`)."""
+"""What a run derives from its config before it builds anything, made once per run and handed down as one frozen
+`RunPlan`: the config with every `auto` resolved, the models' configs with their runtime fields, the trained
+policies bound to that config and the rollout they share, and what each `auto` became. The run's setup
+(`glmrl.train.setup`) and `--mode=compile`'s abstract run (`glmrl.programs.abstract`) read the same plan, made the
+same way: `draft` (no device sizes needed), the batch split checked against the mesh (`check_batch`), then
+`resolve` for the devices' memory.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 import jax
 from absl import logging
 
-from glmrl.aot import auto
 from glmrl.errors import UserError
 from glmrl.models import glm_image
 from glmrl.policy import registry
+from glmrl.policy.base import Request
+from glmrl.programs import auto
 from glmrl.sampling.pipeline import check_decode_batch, decode_chunk
 
 
-def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+  """See the module docstring. `config` is a copy once an `auto` was resolved (the user's stays as given)."""
+  config: Any
+  platform: str  # what the programs run on ("tpu" for --mode=compile's slices)
+  configs: glm_image.GlmImageConfigs
+  policies: dict  # policy name -> `glmrl.policy.base.Policy`, bound to `config`
+  request: Request  # the rollout the trained policies share
+  choices: tuple = ()  # what each `auto` setting became (`glmrl.programs.auto.Choice`)
+
+  @property
+  def has_auto(self) -> bool:
+    """Whether a setting is still `auto` (a draft's)."""
+    return "auto" in (self.config.rollout.ar_weights, self.config.model.dit_attention)
+
+
+def draft(config, platform: str | None = None) -> RunPlan:
+  """The plan of `config` on `platform` (default: this process's backend) before `auto` is resolved for the
+  devices' memory: the rewards, the rollout and the batch split (`check_batch`) are decided already."""
+  platform = platform or jax.default_backend()
+  policies = registry.trained(config)
+  return RunPlan(config, platform, model_configs(config, platform, policies), policies,
+                 registry.shared_request(policies))
+
+
+def resolve(plan: RunPlan, mesh, hbm_bytes: int, sizes: Callable[[], Any]) -> RunPlan:
+  """`plan` with every `auto` setting chosen for `mesh` of chips of `hbm_bytes` each (`glmrl.programs.auto`);
+  `sizes()`: the draft's abstract run (`glmrl.programs.abstract.AbstractRun`), built only when a choice depends on
+  the run's sizes."""
+  config, choices = auto.resolve(plan.config, mesh, plan.platform, hbm_bytes, sizes)
+  if not choices:
+    return plan
+  return dataclasses.replace(draft(config, plan.platform), choices=choices)
+
+
+def check_batch(plan: RunPlan, mesh_shape: tuple[int, int, int]) -> None:
   """The rollout's AR rows and images (and decoder chunks) must split evenly over data x fsdp; micro-batches
   need not.
 
   The fields' own rules (e.g. group_size >= 2) are `config_checks`', checked before this runs."""
+  config, request = plan.config, plan.request
   data, fsdp, _ = mesh_shape
   devices = data * fsdp
-  request = registry.rollout_request(config)
   ga = request.grids_per_prompt
   prompts = config.data.prompts_per_step
   rows, images = prompts * ga, prompts * request.images_per_prompt
@@ -31,7 +72,7 @@ def check_batch(config, mesh_shape: tuple[int, int, int]) -> None:
     what = "prompts_per_step x group_size = {} x {}".format(prompts, ga) if ga > 1 else f"prompts_per_step {prompts}"
     raise UserError(f"the AR sampler's rows {what} = {rows} do not divide over the mesh's data x fsdp = "
                      f"{data} x {fsdp} = {devices} devices")
-  for policy in registry.trained(config).values():
+  for policy in plan.policies.values():
     batch = prompts * policy.rows_per_prompt(request)
     micro = policy.settings.micro_batch_size or batch
     if batch % micro:
@@ -59,8 +100,9 @@ def dit_attention(config, platform: str | None = None) -> str:
   return config.model.dit_attention if choice is None else choice.value
 
 
-def model_configs(config, platform: str | None = None) -> glm_image.GlmImageConfigs:
-  """The run's model configs with its runtime fields; `platform`: what the programs run on (--mode=compile: "tpu")."""
+def model_configs(config, platform: str | None = None, policies: dict | None = None) -> glm_image.GlmImageConfigs:
+  """The run's model configs with its runtime fields; `platform`: what the programs run on (--mode=compile: "tpu");
+  `policies`: the trained ones (default: the config's)."""
   if config.model.checkpoint_dir:
     configs = glm_image.checkpoint_configs(config.model.checkpoint_dir)
   else:
@@ -72,7 +114,8 @@ def model_configs(config, platform: str | None = None) -> glm_image.GlmImageConf
                                   remat=config.model.remat,
                                   dit_attention=None if attention == "xla" else attention,
                                   dit_cfg_batched=config.model.dit_cfg_batched)
-  if config.model.remat and any(p.component == "dit" for p in registry.trained(config).values()):
+  policies = registry.trained(config) if policies is None else policies
+  if config.model.remat and any(p.component == "dit" for p in policies.values()):
     # A DiT policy's update differentiates the DiT: without per-block remat one 1024^2 sample's backward keeps
     # every block's activations and attention scores of both CFG branches (--mode=compile on v5p-64: 226 GB of
     # temporaries per chip for one sample per chip).

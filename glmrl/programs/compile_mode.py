@@ -1,6 +1,6 @@
 """`python main.py --mode=compile --config.compile.topology=v5p-64`: does the run fit that slice?
 
-Builds the run abstractly on the slice's devices (no weights, no TPU: `glmrl.aot.topology`), compiles
+Builds the run abstractly on the slice's devices (no weights, no TPU: `glmrl.programs.topology`), compiles
 each program of a training step for it, and writes `<workdir>/compile_report.json` and
 `<workdir>/compile_report.md`. A program the compiler cannot fit is reported (`"fits": false`, the
 program and its error), not raised.
@@ -18,10 +18,10 @@ import jax
 from absl import logging
 
 from glmrl import sharding as sharding_lib
-from glmrl.aot import programs as programs_lib
-from glmrl.aot import report as report_lib
-from glmrl.aot import run_plan
-from glmrl.aot import topology as topology_lib
+from glmrl.programs import abstract as abstract_lib
+from glmrl.programs import report as report_lib
+from glmrl.programs import plan as plan_lib
+from glmrl.programs import topology as topology_lib
 from glmrl.errors import UserError
 
 REPORT_JSON = "compile_report.json"
@@ -40,20 +40,21 @@ def compile_report(config) -> dict:
   """The report of `config` on `config.compile.topology` (see the module doc)."""
   slice_ = topology_lib.parse(config.compile.topology)
   mesh = _mesh(config, topology_lib.devices(slice_))
-  run_plan.check_batch(config, tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
+  draft = plan_lib.draft(config, "tpu")
+  plan_lib.check_batch(draft, tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
   if config.data.mode != "t2i":
     raise UserError("--mode=compile covers text-to-image runs (config.data.mode='t2i'); image-to-image adds the "
                     "condition images' DiT cache, which it does not lower yet")
-  run = programs_lib.build(config, mesh, hbm_bytes=slice_.chip.hbm_bytes)
+  run = abstract_lib.resolved(draft, mesh, hbm_bytes=slice_.chip.hbm_bytes)
   for choice in run.choices:
     logging.info("%s", choice.line())
   config = run.config
   state = run.resident_bytes()
   resident = sum(state.values())
-  flops = report_lib.step_flops(config, run.layout, run.configs, ar_param_count=programs_lib.generator_params(run),
-                                dit_param_count=programs_lib.num_params(run.models["dit"][1]))
+  flops = report_lib.step_flops(config, run.layout, run.configs, ar_param_count=abstract_lib.generator_params(run),
+                                dit_param_count=abstract_lib.num_params(run.models["dit"][1]))
   entries, fits = {}, True
-  for name, builder in programs_lib.builders(run).items():
+  for name, builder in abstract_lib.builders(run).items():
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):  # the activations' batch constraints (`sharding.constrain_batch`) read it
       program = builder(run)
@@ -82,7 +83,7 @@ def compile_report(config) -> dict:
       "estimated_step_seconds": total_flops / (slice_.chips * slice_.chip.peak_bf16_flops * report_lib.MFU_ASSUMPTION),
       "mfu_assumption": report_lib.MFU_ASSUMPTION,
       "roofline_step_seconds": sum(e.get("roofline_seconds", 0.0) for e in entries.values()),
-      "trainable_params": programs_lib.num_params(run.trained()),
+      "trainable_params": abstract_lib.num_params(run.trained()),
       "auto": {c.key: {"value": c.value, "why": c.why} for c in run.choices},
   }
 

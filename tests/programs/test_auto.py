@@ -1,4 +1,4 @@
-"""`auto` settings (glmrl/aot/auto.py): the DiT's attention kernel by platform, and the AR sampler's weight layout
+"""`auto` settings (glmrl/programs/auto.py): the DiT's attention kernel by platform, and the AR sampler's weight layout
 by the run's per-chip sizes on the slice's chips, as --mode=compile and every run resolve them."""
 
 import os
@@ -11,17 +11,17 @@ import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 
-from glmrl.aot import auto  # noqa: E402
-from glmrl.aot import mode as mode_lib  # noqa: E402
-from glmrl.aot import programs  # noqa: E402
-from glmrl.aot import topology  # noqa: E402
+from glmrl.programs import auto  # noqa: E402
+from glmrl.programs import compile_mode as mode_lib  # noqa: E402
+from glmrl.programs import abstract  # noqa: E402
+from glmrl.programs import topology  # noqa: E402
 from glmrl.errors import UserError  # noqa: E402
 from tests.train.common import tiny_config  # noqa: E402
 
 
 def _build(config, slice_name: str, hbm_bytes=None):
   mesh = mode_lib._mesh(config, topology.devices(topology.parse(slice_name)))  # pylint: disable=protected-access
-  return programs.build(config, mesh, hbm_bytes=hbm_bytes)
+  return abstract.build(config, mesh, hbm_bytes=hbm_bytes)
 
 
 @pytest.mark.parametrize("platform,dtype,kernel", [("cpu", "float32", "xla"), ("cpu", "bfloat16", "xla"),

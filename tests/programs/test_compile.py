@@ -16,10 +16,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from glmrl.aot import mode as mode_lib  # noqa: E402
-from glmrl.aot import programs  # noqa: E402
-from glmrl.aot import report as report_lib  # noqa: E402
-from glmrl.aot import topology  # noqa: E402
+from glmrl.programs import compile_mode as mode_lib  # noqa: E402
+from glmrl.programs import abstract  # noqa: E402
+from glmrl.programs import report as report_lib  # noqa: E402
+from glmrl.programs import topology  # noqa: E402
 from glmrl.errors import UserError  # noqa: E402
 from glmrl.sampling import rollout_weights  # noqa: E402
 from tests.cli import TIMEOUT_S, run_main  # noqa: E402
@@ -30,7 +30,7 @@ def test_main_writes_the_report_for_a_slice(tmp_path):
   # The decoupled recipe: every program of a step, the AR policy's and the decoder policy's, with the defaults:
   # `rollout.ar_weights=auto` picks "gathered" for this tiny run on v5e-8 (its generator copy fits a chip), and the
   # report says so. The update layout's decode loop (the generator gathered at every token) is counted in
-  # tests/aot/test_hlo.py.
+  # tests/programs/test_hlo.py.
   result = run_main("--config=configs/glm_image_t2i_decoupled.py:tiny", "--mode=compile",
                     "--config.compile.topology=v5e-8", tmp_path=tmp_path, timeout=TIMEOUT_S)
   assert result.returncode == 0, (result.stderr + result.stdout)[-3000:]
@@ -88,9 +88,9 @@ def test_a_program_run_in_consecutive_parts_is_reported_as_one(monkeypatch):
   monkeypatch.setattr(rollout_weights, "PART_BYTES", 2 ** 16)
   config = tiny_config(data__prompts_per_step=4, rollout__ar_weights="gathered")
   slice_ = topology.parse("v5e-8")
-  run = programs.build(config, mode_lib._mesh(config, topology.devices(slice_)))  # pylint: disable=protected-access
+  run = abstract.build(config, mode_lib._mesh(config, topology.devices(slice_)))  # pylint: disable=protected-access
   with jax.set_mesh(run.mesh):
-    program = programs.ar_reshard(run)
+    program = abstract.ar_reshard(run)
   assert isinstance(program.lowered, tuple) and len(program.lowered) > 2
   entry = mode_lib.program_report(program, 0, None, slice_)
   parts = [report_lib.program_entry(program, *mode_lib.compile_with_text(lowered), 0, None, slice_.chip, slice_.chips)
@@ -111,7 +111,7 @@ def test_a_program_run_in_consecutive_parts_is_reported_as_one(monkeypatch):
 def abstract_run(chips: int):
   config = tiny_config(data__prompts_per_step=4)  # 16 samples: splits over 8 chips
   devices = topology.devices(topology.parse(f"v5e-{chips}"))
-  return programs.build(config, mode_lib._mesh(config, devices))  # pylint: disable=protected-access
+  return abstract.build(config, mode_lib._mesh(config, devices))  # pylint: disable=protected-access
 
 
 def test_optimizer_state_is_sharded_like_the_parameters_and_state_bytes_scale_down():
@@ -139,11 +139,11 @@ def test_optimizer_state_is_sharded_like_the_parameters_and_state_bytes_scale_do
 
 def test_lora_run_trains_only_adapters_in_the_abstract_run():
   config = tiny_config(data__prompts_per_step=4, lora__rank=4, lora__alpha=8.0)
-  run = programs.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))
+  run = abstract.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))
   assert all(isinstance(v, nnx.Variable) and type(v).__name__ == "LoraParam"
              for _, v in nnx.to_flat_state(run.states["ar"].trainable))
   assert run.states["ar"].reference is None  # the KL reference is the adapters-off model, not a copy
-  assert programs.num_params(run.states["ar"].trainable) < programs.num_params(run.states["ar"].frozen) / 10
+  assert abstract.num_params(run.states["ar"].trainable) < abstract.num_params(run.states["ar"].frozen) / 10
 
 
 @pytest.mark.parametrize("name,message", [
@@ -168,13 +168,13 @@ def test_nft_programs_lower_with_their_batch_and_the_average_resident():
   from configs import demo_decoder
   config = demo_decoder.get_config("nft")
   config.data.prompts_per_step = 4  # 32 images: split over 8 chips
-  run = programs.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
+  run = abstract.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
   state = run.states["decoder"]
   assert jax.tree.structure(state.ema) == jax.tree.structure(state.trainable)
   assert all(a.dtype == jax.numpy.float32 and a.sharding == t.sharding
              for a, t in zip(jax.tree.leaves(state.ema), jax.tree.leaves(state.trainable)))
   assert run.resident_bytes()["ema"] > 0
-  update = programs.update(run, "decoder")
+  update = abstract.update(run, "decoder")
   assert any(a is state.ema for a in update.state_args)
   assert "stablehlo" in update.lowered.as_text()
   # The step model: CFG-free halves the rollout's DiT FLOPs; the update's scale with the trained slots.

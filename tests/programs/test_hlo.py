@@ -14,11 +14,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from glmrl.aot import hlo  # noqa: E402
-from glmrl.aot import mode as mode_lib  # noqa: E402
-from glmrl.aot import programs  # noqa: E402
-from glmrl.aot import report  # noqa: E402
-from glmrl.aot import topology  # noqa: E402
+from glmrl.programs import hlo  # noqa: E402
+from glmrl.programs import compile_mode as mode_lib  # noqa: E402
+from glmrl.programs import abstract  # noqa: E402
+from glmrl.programs import report  # noqa: E402
+from glmrl.programs import topology  # noqa: E402
 from tests.train.common import tiny_config  # noqa: E402
 
 MODULE = """HloModule jit_step, entry_computation_layout={()->f32[]}
@@ -247,10 +247,10 @@ def test_group_sizes(text, devices, n):
   assert hlo.group_size(text, devices) == n
 
 
-def program_traffic(builder=programs.sampler, ar_weights="update", **mesh):
+def program_traffic(builder=abstract.sampler, ar_weights="update", **mesh):
   config = tiny_config(data__prompts_per_step=4, rollout__ar_weights=ar_weights,
                        **{f"mesh__{k}": v for k, v in mesh.items()})
-  run = programs.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
+  run = abstract.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
   with jax.set_mesh(run.mesh):
     program = builder(run)
   lowered = program.lowered
@@ -279,7 +279,7 @@ def test_gathered_rollout_layout_moves_the_generator_once_per_rollout_not_per_to
   sampler, run = program_traffic(ar_weights="gathered", data=1, fsdp=8)
   assert sampler.main_loop().trip_count == run.layout.num_new_tokens - 1
   assert sampler.main_loop().collectives_per_iteration.get("all-gather", 0) == 0
-  reshard, _ = program_traffic(programs.ar_reshard, ar_weights="gathered", data=1, fsdp=8)
+  reshard, _ = program_traffic(abstract.ar_reshard, ar_weights="gathered", data=1, fsdp=8)
   _, states = run.component("ar")
   split = [x for x in jax.tree.leaves(states) if "fsdp" in str(x.sharding.spec)]
   want = sum(x.size * x.dtype.itemsize for x in split) * 7 / 8
@@ -295,9 +295,9 @@ def test_auto_attention_compiles_the_splash_kernel_into_the_tpu_decoder():
   texts = {}
   for impl in ("xla", "auto"):
     config = tiny_config(data__prompts_per_step=4, model__dit_attention=impl)
-    run = programs.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
+    run = abstract.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
     with jax.set_mesh(run.mesh):
-      program = programs.decoder(run)
+      program = abstract.decoder(run)
     texts[impl] = mode_lib.compile_with_text(program.lowered)[1]
   kernel = 'custom_call_target="tpu_custom_call"'
   assert kernel in texts["auto"] and kernel not in texts["xla"]

@@ -18,10 +18,9 @@ import numpy as np
 from flax import nnx
 
 from glmrl import sharding as sharding_lib
-from glmrl.aot import auto
-from glmrl.aot import report as report_lib
-from glmrl.aot import run_plan
-from glmrl.aot import topology
+from glmrl.programs import plan as plan_lib
+from glmrl.programs import report as report_lib
+from glmrl.programs import topology
 from glmrl.models import glm_image
 from glmrl.models import lora as lora_lib
 from glmrl.models.ar.prompt import GenerationLayout
@@ -48,24 +47,36 @@ def replicated(mesh, shape, dtype):
 
 @dataclasses.dataclass
 class AbstractRun:
-  """The run's state as shapes and shardings, and the static values its programs depend on. `states`: the
-  trained policies' states, built by the run's own `glmrl.policy.state.build_state`."""
-  config: object
+  """The run's state as shapes and shardings, and the static values its programs depend on (its `plan`). `states`:
+  the trained policies' states, built by the run's own `glmrl.policy.state.build_state`."""
+  plan: plan_lib.RunPlan
   mesh: jax.sharding.Mesh
-  configs: glm_image.GlmImageConfigs
   layout: GenerationLayout
   models: dict          # component -> (graphdef, abstract state) as loaded (the trained ones before their split)
   states: dict          # policy name -> PolicyState (abstract)
-  choices: tuple = ()   # what each `auto` setting became (`glmrl.aot.auto.Choice`)
+
+  @property
+  def config(self):
+    """The run's config, every `auto` resolved."""
+    return self.plan.config
+
+  @property
+  def configs(self) -> glm_image.GlmImageConfigs:
+    return self.plan.configs
+
+  @property
+  def choices(self) -> tuple:
+    """What each `auto` setting became (`glmrl.programs.auto.Choice`)."""
+    return self.plan.choices
 
   @property
   def policies(self) -> dict:
-    """The trained policies bound to the run's config (its `auto` settings resolved)."""
-    return registry.trained(self.config)
+    """The trained policies bound to the run's config."""
+    return self.plan.policies
 
   @property
   def request(self):
-    return registry.rollout_request(self.config)
+    return self.plan.request
 
   def batch_array(self, shape, dtype, batch_axis: int = 0):
     return batch_array(self.mesh, shape, dtype, batch_axis)
@@ -143,20 +154,31 @@ class AbstractRun:
 
 def build(config, mesh, platform: str = "tpu", hbm_bytes: int | None = None) -> AbstractRun:
   """The run of `config` on `mesh` of `platform` chips, abstractly: `model.checkpoint_dir`'s configs, else the
-  preset's; its config with every `auto` resolved for chips of `hbm_bytes` (default: the slice's, from the mesh's
-  devices) and the choices in `run.choices`."""
-  configs = run_plan.model_configs(config, platform=platform)
+  preset's; its plan with every `auto` resolved for chips of `hbm_bytes` (default: the slice's, from the mesh's
+  devices), the choices in `run.choices`."""
+  return resolved(plan_lib.draft(config, platform), mesh, hbm_bytes)
+
+
+def resolved(draft: plan_lib.RunPlan, mesh, hbm_bytes: int | None = None) -> AbstractRun:
+  """The abstract run of `draft` with its plan resolved for chips of `hbm_bytes` (default: the slice's)."""
+  run = from_plan(draft, mesh)
+  plan = plan_lib.resolve(draft, mesh, hbm_bytes or topology.chip_of(mesh).hbm_bytes, lambda: run)
+  # The draft's states serve the resolved plan: `auto` chooses the sampler's weight layout and the DiT's attention
+  # kernel, which the draft's model configs already hold for its platform (`plan.model_configs`).
+  return dataclasses.replace(run, plan=plan)
+
+
+def from_plan(plan: plan_lib.RunPlan, mesh) -> AbstractRun:
+  """The abstract run of `plan` on `mesh`: every model's abstract state placed as the run places it, each trained
+  policy's state built by the run's own `build_state`."""
   models = {}
   for name in glm_image.COMPONENTS:
-    graphdef, state = glm_image.abstract_model(name, getattr(configs, name))
+    graphdef, state = glm_image.abstract_model(name, getattr(plan.configs, name))
     models[name] = (graphdef, placed(state, mesh))
-  states = {name: build_state(policy, config, models[policy.component], mesh, abstract=True)
-            for name, policy in registry.trained(config).items()}
-  layout = GenerationLayout.for_size(config.data.height, config.data.width, text_to_image=True)
-  run = AbstractRun(config, mesh, configs, layout, models, states)
-  run.config, run.choices = auto.resolve(config, mesh, platform, hbm_bytes or topology.chip_of(mesh).hbm_bytes,
-                                         lambda: run)
-  return run
+  states = {name: build_state(policy, plan.config, models[policy.component], mesh, abstract=True)
+            for name, policy in plan.policies.items()}
+  layout = GenerationLayout.for_size(plan.config.data.height, plan.config.data.width, text_to_image=True)
+  return AbstractRun(plan, mesh, layout, models, states)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ model, which stay in HBM across programs) + the program's temporaries + its outp
 reuse a donated input + its arguments that are not resident state (batch inputs). The step's peak
 is the largest program's. FLOPs come from formulas: XLA's cost analysis counts the body of a loop
 (the DiT's denoising steps, the sampler's decode loop, the micro-batch scan) once. What crosses the
-chip links and what moves to and from HBM come from the optimized HLO (`glmrl.aot.hlo`), per iteration
+chip links and what moves to and from HBM come from the optimized HLO (`glmrl.programs.hlo`), per iteration
 of the program's main loop and outside it. XLA's own count of HBM bytes (`bytes accessed`) is kept
 beside them: it counts each loop body once, with the code outside it, so it is not one iteration's.
 
@@ -22,7 +22,7 @@ import math
 import jax
 import numpy as np
 
-from glmrl.aot import hlo
+from glmrl.programs import hlo
 from glmrl.policy import registry
 from glmrl.policy.base import FlopCounts
 

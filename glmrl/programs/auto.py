@@ -12,7 +12,7 @@ Both default to `auto`, the layout and kernel the compile reports show fastest w
   HBM-bound); on v6e-8 its 18.8 GiB copy beside 14.9 GiB of resident state exceeds a chip's 32 GB, and it keeps
   "update".
 
-The sizes are the abstract run's (`glmrl.aot.programs.build`): per-chip bytes of every resident array as the
+The sizes are the abstract run's (`glmrl.programs.abstract.build`): per-chip bytes of every resident array as the
 run shards it. An explicit value is kept as given.
 """
 
@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from glmrl import sharding as sharding_lib
-from glmrl.aot import report as report_lib
+from glmrl.programs import report as report_lib
 from glmrl.errors import UserError
 from glmrl.models import glm_image
 from glmrl.models.dit import attention as attention_lib
@@ -72,7 +72,7 @@ def kv_cache_bytes_per_chip(run) -> int:
 
 def ar_weights(config, mesh, abstract_run, hbm_bytes: int) -> Choice | None:
   """`rollout.ar_weights`' choice on `mesh` of chips of `hbm_bytes` each, or None when the config names a layout.
-  `abstract_run()`: the run's `glmrl.aot.programs.AbstractRun`, built only when the sizes decide."""
+  `abstract_run()`: the run's `glmrl.programs.abstract.AbstractRun`, built only when the sizes decide."""
   if config.rollout.ar_weights != "auto":
     return None
   if mesh.shape["fsdp"] == 1:
