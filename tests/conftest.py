@@ -10,6 +10,8 @@ import tempfile
 
 import pytest
 
+from tests import xdist_groups
+
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "glmrl_test_xla_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
@@ -76,5 +78,20 @@ def _order(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-  del config
   items.sort(key=_order)  # stable: file order kept within each part
+  xdist_groups.write(config, items)
+
+
+# `xdist_group` marks honoured under pytest 9 (tests/xdist_groups.py).
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+  xdist_groups.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  return xdist_groups.scheduler(config, log)
+
+
+def pytest_unconfigure(config):
+  xdist_groups.remove(config)

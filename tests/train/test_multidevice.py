@@ -6,6 +6,7 @@ Tolerance: 1e-4 relative on the step metrics and parameter sums, 1e-5 absolute o
 
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -25,7 +26,11 @@ def eight(shared_runs):
   def make(folder):
     out = device_run("tests.train.multidevice_run", 8, "/".join(MESHES), folder)
     (folder / "result.json").write_text(json.dumps(out))
-  out = json.loads((shared_runs("multidevice_8", make) / "result.json").read_text())
+    (folder / "worker").write_text(os.environ.get("PYTEST_XDIST_WORKER", ""))
+  folder = shared_runs("multidevice_8", make)
+  # Made by this test's worker: both tests run there (their xdist group, tests/xdist_groups.py).
+  assert (folder / "worker").read_text() == os.environ.get("PYTEST_XDIST_WORKER", "")
+  out = json.loads((folder / "result.json").read_text())
   assert out["devices"] == 8
   return out["runs"]
 
