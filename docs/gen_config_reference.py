@@ -18,6 +18,10 @@ import sys
 import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import generated  # noqa: E402  # docs/generated.py
+
 SOURCE = os.path.join(ROOT, "configs", "common.py")
 OUT = os.path.join(ROOT, "docs", "reference", "config.md")
 REWARD_LISTS = ("rewards", "decoder.rewards")  # tuples of entries, not leaves (`config_checks.leaves` skips them)
@@ -129,18 +133,7 @@ def main(argv) -> int:
   if missing:
     print(f"error: configs/common.py: no comment for {', '.join('config.' + k for k in missing)}", file=sys.stderr)
     return 1
-  if "--check" in argv:
-    with open(OUT, encoding="utf-8") as f:
-      if f.read() != page:
-        print(f"error: {os.path.relpath(OUT, ROOT)} is stale: run python docs/gen_config_reference.py",
-              file=sys.stderr)
-        return 1
-    return 0
-  with open(OUT, "w", encoding="utf-8") as f:
-    f.write(page)
-  print(f"wrote {os.path.relpath(OUT, ROOT)}")
-  return 0
-
+  return generated.write_or_check(OUT, page, argv, "docs/gen_config_reference.py")
 
 if __name__ == "__main__":
   sys.exit(main(sys.argv[1:]))

@@ -15,9 +15,11 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from configs import demo_decoder  # noqa: E402
 from configs import released  # noqa: E402
+import generated  # noqa: E402  # docs/generated.py
 
 OUT = os.path.join(ROOT, "docs", "reference", "released_recipes.md")
 
@@ -68,18 +70,7 @@ def main(argv) -> int:
     print(f"error: {p}", file=sys.stderr)
   if problems:
     return 1
-  page = render()
-  if "--check" in argv:
-    with open(OUT, encoding="utf-8") as f:
-      if f.read() != page:
-        print(f"error: {os.path.relpath(OUT, ROOT)} is stale: run python docs/gen_released_recipes.py",
-              file=sys.stderr)
-        return 1
-    return 0
-  with open(OUT, "w", encoding="utf-8") as f:
-    f.write(page)
-  print(f"wrote {os.path.relpath(OUT, ROOT)}")
-  return 0
+  return generated.write_or_check(OUT, render(), argv, "docs/gen_released_recipes.py")
 
 
 if __name__ == "__main__":

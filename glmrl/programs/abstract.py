@@ -46,7 +46,7 @@ def replicated(mesh, shape, dtype):
 
 
 @dataclasses.dataclass
-class AbstractRun:
+class AbstractRun(plan_lib.PlanView):
   """The run's state as shapes and shardings, and the static values its programs depend on (its `plan`). `states`:
   the trained policies' states, built by the run's own `glmrl.policy.state.build_state`."""
   plan: plan_lib.RunPlan
@@ -54,29 +54,6 @@ class AbstractRun:
   layout: GenerationLayout
   models: dict          # component -> (graphdef, abstract state) as loaded (the trained ones before their split)
   states: dict          # policy name -> PolicyState (abstract)
-
-  @property
-  def config(self):
-    """The run's config, every `auto` resolved."""
-    return self.plan.config
-
-  @property
-  def configs(self) -> glm_image.GlmImageConfigs:
-    return self.plan.configs
-
-  @property
-  def choices(self) -> tuple:
-    """What each `auto` setting became (`glmrl.programs.auto.Choice`)."""
-    return self.plan.choices
-
-  @property
-  def policies(self) -> dict:
-    """The trained policies bound to the run's config."""
-    return self.plan.policies
-
-  @property
-  def request(self):
-    return self.plan.request
 
   def batch_array(self, shape, dtype, batch_axis: int = 0):
     return batch_array(self.mesh, shape, dtype, batch_axis)

@@ -38,6 +38,35 @@ class RunPlan:
     return "auto" in (self.config.rollout.ar_weights, self.config.model.dit_attention)
 
 
+class PlanView:
+  """What a built run reads of its `plan` (`glmrl.train.setup.Run`, `glmrl.programs.abstract.AbstractRun`)."""
+  plan: RunPlan
+
+  @property
+  def config(self):
+    """The run's config, every `auto` resolved."""
+    return self.plan.config
+
+  @property
+  def configs(self) -> glm_image.GlmImageConfigs:
+    return self.plan.configs
+
+  @property
+  def policies(self) -> dict:
+    """The trained policies by name, bound to the run's config (`glmrl.policy.registry`)."""
+    return self.plan.policies
+
+  @property
+  def request(self) -> Request:
+    """The rollout every trained policy shares: token grids per prompt, decoder samples per grid."""
+    return self.plan.request
+
+  @property
+  def choices(self) -> tuple:
+    """What each `auto` setting became (`glmrl.programs.auto.Choice`)."""
+    return self.plan.choices
+
+
 def draft(config, platform: str | None = None) -> RunPlan:
   """The plan of `config` on `platform` (default: this process's backend) before `auto` is resolved for the
   devices' memory: the rewards, the rollout and the batch split (`check_batch`) are decided already."""
@@ -54,7 +83,11 @@ def resolve(plan: RunPlan, mesh, hbm_bytes: int, sizes: Callable[[], Any]) -> Ru
   config, choices = auto.resolve(plan.config, mesh, plan.platform, hbm_bytes, sizes)
   if not choices:
     return plan
-  return dataclasses.replace(draft(config, plan.platform), choices=choices)
+  # The models' configs stay the draft's: they already hold the platform's attention kernel (`model_configs`), and
+  # the sampler's weight layout is not theirs. The policies are bound again, to the resolved config.
+  policies = registry.trained(config)
+  return dataclasses.replace(plan, config=config, policies=policies, request=registry.shared_request(policies),
+                             choices=choices)
 
 
 def check_batch(plan: RunPlan, mesh_shape: tuple[int, int, int]) -> None:

@@ -20,7 +20,6 @@ from glmrl.errors import UserError
 from glmrl.models import glm_image
 from glmrl.models.ar import tokenizer as word_tokenizer
 from glmrl.models.ar.prompt import PromptProcessor
-from glmrl.policy.base import Request
 from glmrl.policy.state import build_state, num_params
 from glmrl.rewards import RewardComposer
 from glmrl.rewards import registry as reward_registry
@@ -29,7 +28,7 @@ from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_glyph_
 
 
 @dataclasses.dataclass
-class Run:
+class Run(plan_lib.PlanView):
   """What every mode builds from the config: mesh, prompts, rewards, pipeline, and the state of each trained
   policy by name (`glmrl.policy`), from the run's one plan (`glmrl.programs.plan.RunPlan`)."""
   plan: plan_lib.RunPlan
@@ -41,21 +40,6 @@ class Run:
   composers: dict           # policy name -> its RewardComposer
   pipeline: GlmImagePipeline
   states: dict              # policy name -> PolicyState
-
-  @property
-  def config(self):
-    """The run's config, every `auto` resolved."""
-    return self.plan.config
-
-  @property
-  def policies(self) -> dict:
-    """The trained policies by name, bound to the run's config (`glmrl.policy.registry`)."""
-    return self.plan.policies
-
-  @property
-  def request(self) -> Request:
-    """The rollout every trained policy shares: token grids per prompt, decoder samples per grid."""
-    return self.plan.request
 
   @property
   def group_size(self) -> int:
