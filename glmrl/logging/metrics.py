@@ -67,7 +67,7 @@ class MetricsWriter:
     row = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in sorted(values.items())}}
     self._jsonl.write(json.dumps(row, allow_nan=False) + "\n")
     self._jsonl.flush()  # a crashed run keeps every completed step
-    # Non-finite values make tensorboardX print a warning per call; metrics.jsonl and the console keep them.
+    # Non-finite values stay out of TensorBoard and W&B; metrics.jsonl and the console keep them.
     finite = {k: v for k, v in values.items() if math.isfinite(v)}
     if self._tb is not None:
       for key, value in finite.items():

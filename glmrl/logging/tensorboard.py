@@ -1,21 +1,20 @@
 """TensorBoard event files written on the calling thread, so that a full disk can never stall the run.
 
-tensorboardX's SummaryWriter writes from a background thread fed by a bounded queue. When a write fails (a full
-disk) that thread dies, nothing drains the queue, and the run's next `add_*` once the queue is full, or `close()`
-(which queues a stop signal and joins), blocks forever. Here each event is serialized and appended to the file
-by the caller (microseconds a scalar; an image's PNG encoding ran on the caller's thread before as well), and
-the first OSError stops the events with one warning line: the run goes on, metrics.jsonl keeps every row.
+A writer that writes from a background thread fed by a bounded queue (tensorboardX's SummaryWriter) blocks for
+ever once a write fails (a full disk): that thread dies, nothing drains the queue, and the run's next `add_*` once
+the queue is full, or `close()` (which queues a stop signal and joins), waits on it. Here each event is serialized
+and appended to the file by the caller (`glmrl.logging.event_file`: microseconds a scalar; an image's PNG
+encoding), and the first OSError stops the events with one warning line: the run goes on, metrics.jsonl keeps
+every row.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 from absl import logging
-from tensorboardX.event_file_writer import EventsWriter
-from tensorboardX.proto import event_pb2
-from tensorboardX.summary import image, scalar
+
+from glmrl.logging import event_file
 
 STOPPED = "TensorBoard events stopped: %s (metrics.jsonl keeps every row)"
 FLUSH_SECONDS = 10.0  # how stale the event file may get between explicit flushes
@@ -26,9 +25,9 @@ class Events:
   each a no-op once a write has failed (`stopped`)."""
 
   def __init__(self, logdir: str):
-    self._file: EventsWriter | None = None
+    self._file: event_file.EventFile | None = None
     self._last_flush = time.monotonic()
-    self._file = self._guarded(lambda: EventsWriter(os.path.join(logdir, "events")))
+    self._file = self._guarded(lambda: event_file.EventFile(logdir))
 
   @property
   def stopped(self) -> bool:
@@ -46,16 +45,16 @@ class Events:
   def _add(self, summary, step: int) -> None:
     if self._file is None:
       return
-    event = event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary)
-    self._guarded(lambda: self._file.write_event(event))
+    event = event_file.event(int(step), summary=summary)
+    self._guarded(lambda: self._file.write(event))
     if time.monotonic() - self._last_flush > FLUSH_SECONDS:
       self.flush()
 
   def add_scalar(self, tag: str, value: float, step: int) -> None:
-    self._add(scalar(tag, value), step)
+    self._add(event_file.scalar_summary(tag, value), step)
 
   def add_image(self, tag: str, image_HxWxC, step: int) -> None:
-    self._add(image(tag, image_HxWxC, dataformats="HWC"), step)
+    self._add(event_file.image_summary(tag, image_HxWxC), step)
 
   def flush(self) -> None:
     self._last_flush = time.monotonic()

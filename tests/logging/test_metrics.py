@@ -2,7 +2,6 @@ import glob
 import json
 import logging as py_logging
 import os
-import struct
 
 import glmrl  # noqa: F401
 import jax.numpy as jnp
@@ -10,24 +9,13 @@ import numpy as np
 import pytest
 from absl import logging
 from PIL import Image
-from tensorboardX.proto import event_pb2
-
 from glmrl.logging import MetricsWriter, make_grid, sample_captions
+from tests.logging.tfrecords import read_events
 
 
 def _tb_events(workdir):
-  """Reads the TFRecord-framed event protos written by tensorboardX."""
-  events = []
-  for path in glob.glob(os.path.join(workdir, "events.out.tfevents.*")):
-    data = open(path, "rb").read()
-    pos = 0
-    while pos < len(data):
-      (length,) = struct.unpack("<Q", data[pos:pos + 8])
-      event = event_pb2.Event()
-      event.ParseFromString(data[pos + 12:pos + 12 + length])
-      events.append(event)
-      pos += 12 + length + 4
-  return events
+  """The event protos of the run's event files (tensorboardX's protos; every record's checksums verified)."""
+  return [e for path in glob.glob(os.path.join(workdir, "events.out.tfevents.*")) for e in read_events(path)]
 
 
 @pytest.fixture
