@@ -73,12 +73,13 @@ def similarity_reward(name: str, text_key: str, embedder, scale: float, *, logit
 
 
 def load_similarity_reward(name: str, text_key: str, ckpt_dir: str, scale: float, tokenizer_dir: str | None,
-                           sharding, *, logit_scale: bool = False) -> ModelReward:
-  """`similarity_reward` of a converted CLIP folder, loaded once per (folder, sharding)."""
+                           sharding, *, logit_scale: bool = False, processing=None) -> ModelReward:
+  """`similarity_reward` of a converted CLIP folder, loaded once per (folder, sharding, preprocessing);
+  `processing`: the reward's own `ImageProcessing` (default: the folder's)."""
   from glmrl.models.clip.embedder import cached_embedder
 
   _check_scale(name, scale)
-  embedder = cached_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir, sharding=sharding)
+  embedder = cached_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir, sharding=sharding, processing=processing)
   return similarity_reward(name, text_key, embedder, scale, logit_scale=logit_scale)
 
 

@@ -35,9 +35,11 @@ class ClipEmbedder:
     """`tokenizer`: a PromptTokenizer, a zero-argument loader called on first use, or None (images only)."""
     v = model.cfg.vision
     out_hw = processing.output_hw(v.image_size, v.image_size)
-    if not processing.do_center_crop or out_hw != (v.image_size, v.image_size):
+    fixed = processing.do_center_crop or processing.pad_size is not None  # one output size for any input
+    if not fixed or out_hw != (v.image_size, v.image_size):
       raise ValueError(f"preprocessing gives {out_hw[0]}x{out_hw[1]} images (center crop "
-                       f"{processing.do_center_crop}), the vision tower takes {v.image_size}x{v.image_size}")
+                       f"{processing.do_center_crop}, pad {processing.pad_size}), the vision tower takes "
+                       f"{v.image_size}x{v.image_size}")
     self.model = model
     self.processing = processing
     self._tokenizer = tokenizer
@@ -85,7 +87,9 @@ class ClipEmbedder:
       pad = _bucket(n) - n
       ids = np.concatenate([ids, np.repeat(ids[:1], pad, axis=0)])
       mask = np.concatenate([mask, np.repeat(mask[:1], pad, axis=0)])
-      embeds = np.asarray(self._embed_text(self._state, jnp.asarray(ids), jnp.asarray(mask)))[:n]
+      # Concrete even when called while another function is traced (a reward given its prompts under jit).
+      with jax.ensure_compile_time_eval():
+        embeds = np.asarray(self._embed_text(self._state, jnp.asarray(ids), jnp.asarray(mask)))[:n]
       for prompt, e in zip(missing, embeds):
         self._cache[prompt] = e
     out = []
@@ -102,10 +106,11 @@ class ClipEmbedder:
 
 
 def load_embedder(ckpt_dir: str, *, tokenizer_dir: str | None = None, sharding=None,
-                  **config_overrides) -> ClipEmbedder:
+                  processing: ImageProcessing | None = None, **config_overrides) -> ClipEmbedder:
   """A ClipEmbedder from a converted CLIP folder; the tokenizer (files in `tokenizer_dir`, default
   `ckpt_dir`) is loaded on the first `text_embeds` call, so image-only users never need it.
-  `sharding` and `config_overrides` go to `load_clip`."""
+  `processing`: the reward's own preprocessing (HPS v2.1's), else the folder's. `sharding` and
+  `config_overrides` go to `load_clip`."""
   from glmrl.models.clip.checkpoint import load_clip, load_image_processing
 
   if not isinstance(ckpt_dir, str) or not os.path.isdir(ckpt_dir):
@@ -113,19 +118,20 @@ def load_embedder(ckpt_dir: str, *, tokenizer_dir: str | None = None, sharding=N
                      "`python -m checkpoints_convert.clip`)")
   model = load_clip(ckpt_dir, sharding, **config_overrides)
   max_length = model.cfg.text.max_position_embeddings
-  return ClipEmbedder(model, load_image_processing(ckpt_dir),
+  return ClipEmbedder(model, processing or load_image_processing(ckpt_dir),
                       lambda: PromptTokenizer.from_pretrained(tokenizer_dir or ckpt_dir, max_length))
 
 
 @functools.lru_cache(maxsize=4)
-def _cached(ckpt_dir: str, tokenizer_dir: str | None, sharding) -> ClipEmbedder:
-  return load_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir, sharding=sharding)
+def _cached(ckpt_dir: str, tokenizer_dir: str | None, sharding, processing) -> ClipEmbedder:
+  return load_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir, sharding=sharding, processing=processing)
 
 
-def cached_embedder(ckpt_dir: str, *, tokenizer_dir: str | None = None, sharding=None) -> ClipEmbedder:
+def cached_embedder(ckpt_dir: str, *, tokenizer_dir: str | None = None, sharding=None,
+                    processing: ImageProcessing | None = None) -> ClipEmbedder:
   """`load_embedder`, once per (folder, sharding): rewards that share a CLIP (the CLIP score and the
   aesthetic predictor both read ViT-L/14) share one copy of its weights and its prompt cache, and
   weights placed for one mesh are never handed to code running on another."""
   if not isinstance(ckpt_dir, str) or not ckpt_dir:
     raise ValueError(f"CLIP ckpt_dir={ckpt_dir!r} must name a converted CLIP folder")
-  return _cached(os.path.abspath(ckpt_dir), tokenizer_dir and os.path.abspath(tokenizer_dir), sharding)
+  return _cached(os.path.abspath(ckpt_dir), tokenizer_dir and os.path.abspath(tokenizer_dir), sharding, processing)

@@ -1,12 +1,14 @@
-"""CLIPImageProcessor's preprocessing on device: shortest-side resize, center crop, rescale, normalise.
+"""CLIPImageProcessor's preprocessing on device: shortest-side resize, center crop, rescale, normalise; and
+OpenCLIP's longest-side resize and padding (HPS v2.1's `ResizeMaxSize`), resized as floats.
 
 The reference resizes with PIL on uint8 images: a separable antialiased filter (PIL's bicubic is the
 Keys kernel with a = -0.5, widened by the downscale factor), horizontal pass first, each pass rounded
 and clipped to uint8. `jax.image.scale_and_translate` with antialiasing uses the same kernel, support
 and per-pixel weight normalisation, so running it one axis at a time with the same rounding matches
 PIL up to PIL's 22-bit fixed-point filter coefficients (an occasional 1/255 step where a value falls
-on a rounding boundary; tests/models/clip/test_preprocess.py measures it). Output shapes depend only
-on the static input shape, so the whole function jits.
+on a rounding boundary; tests/models/clip/test_preprocess.py measures it). OpenCLIP's preprocessing turns the
+image into floats first and resizes those with torch's antialiased bicubic (the same kernel and support, no
+rounding): `uint8_passes=False`. Output shapes depend only on the static input shape, so the whole function jits.
 """
 
 from __future__ import annotations
@@ -40,13 +42,20 @@ class ImageProcessing:
   """The fields of a CLIP `preprocessor_config.json` that matter; defaults are CLIPImageProcessor's.
 
   `shortest_edge` resizes keeping the aspect ratio (the long side is floor(long * edge / short));
-  `resize_height` / `resize_width` (both set, `shortest_edge` None) resize to an exact size.
+  `resize_height` / `resize_width` (both set, `shortest_edge` None) resize to an exact size; `longest_edge`
+  (`shortest_edge` None) scales the long side to it and the short one to round(short * edge / long), as
+  OpenCLIP's `ResizeMaxSize`, and `pad_size` then pads the image to pad_size x pad_size with zeros, centred
+  (the extra row or column at the bottom and right). `uint8_passes`: each resize pass is rounded to uint8 as PIL
+  stores it (CLIPImageProcessor), or kept in floats (OpenCLIP, torch's resize of a float tensor).
   """
   do_resize: bool = True
   shortest_edge: int | None = 224
   resize_height: int | None = None
   resize_width: int | None = None
+  longest_edge: int | None = None
   resample: int = 3
+  uint8_passes: bool = True
+  pad_size: int | None = None
   do_center_crop: bool = True
   crop_height: int = 224
   crop_width: int = 224
@@ -63,11 +72,15 @@ class ImageProcessing:
       raise ValueError(f"resample={self.resample!r} is not supported (PIL codes {sorted(RESAMPLE)}: "
                        "2 bilinear, 3 bicubic)")
     exact = (self.resize_height, self.resize_width)
-    if self.do_resize and (self.shortest_edge is None) == (None in exact):
-      raise ValueError(f"give either shortest_edge or both resize_height and resize_width, got "
-                       f"shortest_edge={self.shortest_edge}, resize=({self.resize_height}, {self.resize_width})")
-    check_positive_ints(self, ("shortest_edge", "resize_height", "resize_width", "crop_height", "crop_width"),
-                        optional=True)
+    given = [self.shortest_edge is not None, None not in exact, self.longest_edge is not None]
+    if self.do_resize and sum(given) != 1:
+      raise ValueError(f"give one of shortest_edge, longest_edge or both resize_height and resize_width, got "
+                       f"shortest_edge={self.shortest_edge}, longest_edge={self.longest_edge}, "
+                       f"resize=({self.resize_height}, {self.resize_width})")
+    check_positive_ints(self, ("shortest_edge", "resize_height", "resize_width", "longest_edge", "pad_size",
+                               "crop_height", "crop_width"), optional=True)
+    if self.pad_size is not None and self.do_center_crop:
+      raise ValueError(f"pad_size={self.pad_size} and do_center_crop: pad or crop, not both")
     if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
       raise ValueError(f"image_mean={self.image_mean} / image_std={self.image_std} must be 3 values, std > 0")
 
@@ -93,7 +106,9 @@ class ImageProcessing:
     return cls(**values)
 
   def to_hf(self) -> dict:
-    """A dict `CLIPImageProcessor(**d)` accepts."""
+    """A dict `CLIPImageProcessor(**d)` accepts (which has no longest-side resize, padding or float passes)."""
+    if self.longest_edge is not None or self.pad_size is not None or not self.uint8_passes:
+      raise ValueError(f"{self} has no CLIPImageProcessor counterpart (longest_edge, pad_size, float passes)")
     size = ({"shortest_edge": self.shortest_edge} if self.shortest_edge is not None
             else {"height": self.resize_height, "width": self.resize_width})
     return dict(do_resize=self.do_resize, size=size, resample=self.resample, do_center_crop=self.do_center_crop,
@@ -114,6 +129,10 @@ class ImageProcessing:
     """The (height, width) after resizing (host-side, as transformers computes it)."""
     if not self.do_resize:
       return height, width
+    if self.longest_edge is not None:
+      scale = self.longest_edge / float(max(height, width))
+      # Python's round, as ResizeMaxSize computes it (halves to even).
+      return (height, width) if scale == 1.0 else (round(height * scale), round(width * scale))
     if self.shortest_edge is None:
       return self.resize_height, self.resize_width
     short, long = min(height, width), max(height, width)
@@ -123,11 +142,13 @@ class ImageProcessing:
   def output_hw(self, height: int, width: int) -> tuple[int, int]:
     if self.do_center_crop:
       return self.crop_height, self.crop_width
+    if self.pad_size is not None:
+      return self.pad_size, self.pad_size
     return self.resized_hw(height, width)
 
 
-def _resize_axis_uint8(x_BxhxwxC: jax.Array, axis: int, size: int, kernel: str) -> jax.Array:
-  """One antialiased pass along `axis` of uint8-valued floats, rounded and clipped like PIL."""
+def _resize_axis(x_BxhxwxC: jax.Array, axis: int, size: int, kernel: str, uint8: bool) -> jax.Array:
+  """One antialiased pass along `axis`; with `uint8`, of uint8-valued floats rounded and clipped like PIL."""
   if x_BxhxwxC.shape[axis] == size:
     return x_BxhxwxC
   shape = list(x_BxhxwxC.shape)
@@ -135,6 +156,8 @@ def _resize_axis_uint8(x_BxhxwxC: jax.Array, axis: int, size: int, kernel: str) 
   scale = size / x_BxhxwxC.shape[axis]
   y = jax.image.scale_and_translate(x_BxhxwxC, shape, (axis,), jnp.asarray([scale], jnp.float32),
                                     jnp.zeros((1,), jnp.float32), method=kernel, antialias=True)
+  if not uint8:
+    return y
   # PIL rounds half up when it stores each pass as uint8.
   return jnp.clip(jnp.floor(y + 0.5), 0.0, 255.0)
 
@@ -157,8 +180,15 @@ def preprocess(images_Bxhxwx3, proc: ImageProcessing) -> jax.Array:
   if proc.do_resize:
     new_h, new_w = proc.resized_hw(shape[1], shape[2])
     kernel = RESAMPLE[proc.resample]
-    x_Bxhxwx3 = _resize_axis_uint8(x_Bxhxwx3, 2, new_w, kernel)
-    x_Bxhxwx3 = _resize_axis_uint8(x_Bxhxwx3, 1, new_h, kernel)
+    x_Bxhxwx3 = _resize_axis(x_Bxhxwx3, 2, new_w, kernel, proc.uint8_passes)
+    x_Bxhxwx3 = _resize_axis(x_Bxhxwx3, 1, new_h, kernel, proc.uint8_passes)
+  if proc.pad_size is not None:
+    h, w = x_Bxhxwx3.shape[1:3]
+    if h > proc.pad_size or w > proc.pad_size:
+      raise ValueError(f"pad_size={proc.pad_size} is smaller than the resized {h}x{w} image")
+    top, left = (proc.pad_size - h) // 2, (proc.pad_size - w) // 2
+    # Zeros before normalising: ResizeMaxSize pads the [0, 1] tensor with fill=0.
+    x_Bxhxwx3 = jnp.pad(x_Bxhxwx3, ((0, 0), (top, proc.pad_size - h - top), (left, proc.pad_size - w - left), (0, 0)))
   if proc.do_center_crop:
     h, w = x_Bxhxwx3.shape[1:3]
     top, left = center_crop_offsets(h, w, proc.crop_height, proc.crop_width)

@@ -90,5 +90,28 @@ def test_bad_inputs():
     preprocess(np.zeros((1, 20, 20, 3), np.uint8), dataclasses.replace(proc, do_resize=False))
   with pytest.raises(ValueError, match="resample=1"):
     ImageProcessing(resample=1)
-  with pytest.raises(ValueError, match="either shortest_edge or both"):
+  with pytest.raises(ValueError, match="give one of shortest_edge, longest_edge or both"):
     ImageProcessing(shortest_edge=None)
+
+
+@pytest.mark.parametrize("shape", [(2, 40, 40), (2, 45, 30), (2, 30, 45), (2, 20, 26), (2, 28, 28)])
+def test_longest_side_resize_and_padding_match_hpsv2s_float_preprocessing(shape):
+  """HPS v2.1's preprocessing (`glmrl.rewards.hps.preprocessing`) against hpsv2's `preprocess_val` written with
+  torch's resize (tests/rewards/open_clip_oracle.py): floats, no rounding, so within 1e-5 of its output."""
+  from glmrl.rewards.hps import preprocessing
+  from tests.rewards.open_clip_oracle import preprocess_val
+
+  images = tiny.random_images(shape, seed=shape[1])
+  want = np.stack([preprocess_val(im, 28).numpy().transpose(1, 2, 0) for im in images])
+  got = np.asarray(jax.jit(lambda x: preprocess(x, preprocessing(28)))(images))
+  assert got.shape == want.shape == (2, 28, 28, 3)
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_resize_settings_are_checked():
+  with pytest.raises(ValueError, match="give one of shortest_edge, longest_edge"):
+    ImageProcessing(longest_edge=224)
+  with pytest.raises(ValueError, match="pad or crop, not both"):
+    ImageProcessing(shortest_edge=None, longest_edge=224, pad_size=224)
+  with pytest.raises(ValueError, match="no CLIPImageProcessor counterpart"):
+    ImageProcessing(shortest_edge=None, longest_edge=224, do_center_crop=False).to_hf()

@@ -1,0 +1,107 @@
+"""The `hps` reward (HPS v2.1) against open_clip on a tiny random OpenCLIP model saved as HPS releases its
+checkpoint (tests/rewards/open_clip_oracle.py, in a process of its own), converted by
+`python -m checkpoints_convert.hps` as users run it.
+
+Tolerance: each score within 1e-5 of the reference's, relative (1e-7 absolute for a score near 0); measured
+3.3e-6 at most, through a downscale, a downscale with padding on a non-square image, and an upscale.
+"""
+
+import json
+import subprocess
+import sys
+
+import glmrl  # noqa: F401
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from checkpoints_convert import hps as hps_convert
+from glmrl.models.clip import ClipModel
+from glmrl.models.init_rngs import InitRngs
+from glmrl.rewards import RewardComposer
+from tests.cli import ROOT, TIMEOUT_S
+from tests.models.clip import tiny
+from tests.rewards.open_clip_oracle import PROMPTS, SIZES
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+  """(the oracle's folder, the converted folder, a tokenizer folder)."""
+  out = tmp_path_factory.mktemp("open_clip")
+  made = subprocess.run([sys.executable, "-m", "tests.rewards.open_clip_oracle", f"--out={out}"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=TIMEOUT_S)
+  assert made.returncode == 0, made.stderr[-3000:]
+  converted = out / "converted"
+  done = subprocess.run([sys.executable, "-m", "checkpoints_convert.hps", f"--checkpoint={out / 'hps.pt'}",
+                         f"--model_config={out / 'model_config.json'}", f"--out_dir={converted}"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=TIMEOUT_S)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f"-> {converted}" in done.stdout and not list(converted.glob(".hps-clipmodel-*"))
+  tokenizer = out / "tokenizer"
+  tiny.tiny_tokenizer().save_pretrained(str(tokenizer))
+  return out, converted, tokenizer
+
+
+def test_scores_are_open_clips_hps_scores(oracle):
+  out, converted, tokenizer = oracle
+  composer = RewardComposer([{"name": "hps", "weight": 1.0,
+                              "kwargs": {"ckpt_dir": str(converted), "tokenizer_dir": str(tokenizer)}}], group_size=2)
+  prepared = composer.prepare(PROMPTS)
+  reference = np.load(out / "reference.npz")
+  # The prompts tokenized as the oracle laid them out for open_clip (start, tokens, end, zeros).
+  ids = reference["ids"]
+  assert [list(row[:row.argmax() + 1]) for row in ids] == tiny.tiny_tokenizer()(PROMPTS)["input_ids"]
+  score = jax.jit(composer.jax_scores)
+  for h, w in SIZES:
+    got = np.asarray(score(reference[f"images_{h}x{w}"], prepared)["hps"])
+    want = reference[f"scores_{h}x{w}"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=f"{h}x{w}")
+  assert np.ptp(want) > 0.1  # the prompts and images are told apart
+
+
+def _parameters(cfg) -> int:
+  abstract = nnx.eval_shape(lambda: ClipModel(cfg, rngs=InitRngs(0)))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+def test_parameter_counts_are_open_clips(oracle):
+  """The released ViT-H-14 (986,109,441 parameters by open_clip's own count) and the tiny model."""
+  out, _, _ = oracle
+  counts = json.loads((out / "counts.json").read_text())
+  assert counts["ViT-H-14"] == 986_109_441
+  assert _parameters(hps_convert.clip_config(hps_convert.VIT_H_14)) == counts["ViT-H-14"]
+  assert _parameters(hps_convert.clip_config(json.loads((out / "model_config.json").read_text()))) == counts["tiny"]
+
+
+def test_bad_checkpoints_and_configs_end_in_one_line(oracle, tmp_path, capsys):
+  out, _, _ = oracle
+  import torch
+
+  state = torch.load(out / "hps.pt", weights_only=True)["state_dict"]
+  config = str(out / "model_config.json")
+  cases = {
+      "missing.pt": (None, "is not a file (HPS v2.1 is HPS_v2.1_compressed.pt)"),
+      "text.pt": ("not a checkpoint", "could not be read as a torch checkpoint"),
+      "bias.pt": ({"state_dict": {**state, "logit_bias": torch.zeros(1)}}, "'logit_bias' has no CLIPModel counterpart"),
+      "wrapped.pt": ({f"module.{k}": v for k, v in state.items()}, "keys start with 'module.'"),
+      "short.pt": ({k: v for k, v in state.items() if k != "ln_final.bias"}, "missing 1 (text_model.final_layer_norm.bias)"),
+  }
+  for name, (content, message) in cases.items():
+    path = tmp_path / name
+    if isinstance(content, str):
+      path.write_text(content)
+    elif content is not None:
+      torch.save(content, path)
+    code = hps_convert.main([f"--checkpoint={path}", f"--model_config={config}", f"--out_dir={tmp_path / name}.out"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and message in err, (name, err)
+  # The released ViT-H-14 layout (the default config) on the tiny weights: their shapes are named.
+  code = hps_convert.main([f"--checkpoint={out / 'hps.pt'}", f"--out_dir={tmp_path / 'default'}"])
+  err = capsys.readouterr().err
+  assert code == 2 and "shapes differ" in err and "model expects" in err and err.count("\n") == 1, err
+  assert not (tmp_path / "default").exists()  # refused before anything was written
+  with pytest.raises(ValueError, match="ls_init_value=0.1 is not supported"):
+    hps_convert.clip_config({**hps_convert.VIT_H_14, "vision_cfg": {**hps_convert.VIT_H_14["vision_cfg"],
+                                                                     "ls_init_value": 0.1}})
