@@ -1,7 +1,8 @@
 """CLIP-based rewards at full size (random weights): time per image, jitted, compile excluded.
 
 `clip_score` and `laion_aesthetic` run openai/clip-vit-large-patch14's layout (`ClipConfig.full()`, plus
-the 768-1024-128-64-16-1 head), `pickscore` the ViT-H/14 layout (`ClipConfig.vit_h14()`). Each
+the 768-1024-128-64-16-1 head), `pickscore` and `hps` the ViT-H/14 layout (`ClipConfig.vit_h14()`; `hps` with
+its own preprocessing: a longest-side resize in floats and padding, `glmrl.rewards.hps.preprocessing`). Each
 scores `--batch` random uint8 `--size` x `--size` images (resize + crop + normalise on device, vision
 tower, projection) inside one jit that closes over the weights, as the composer runs it; the text
 embeddings are prepared beforehand, and the text tower's own cost per prompt (77 tokens, paid once
@@ -35,6 +36,7 @@ from glmrl.models.clip.embedder import ClipEmbedder  # noqa: E402
 from glmrl.models.clip.preprocess import ImageProcessing  # noqa: E402
 from glmrl.rewards.aesthetic import make_aesthetic  # noqa: E402
 from glmrl.rewards.clip_score import TEXT_EMBEDS as CLIP_TEXT, make_clip_score  # noqa: E402
+from glmrl.rewards.hps import TEXT_EMBEDS as HPS_TEXT, make_hps, preprocessing as hps_preprocessing  # noqa: E402
 from glmrl.rewards.pickscore import TEXT_EMBEDS as PICK_TEXT, make_pickscore  # noqa: E402
 
 
@@ -68,32 +70,35 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
   names = args.rewards.split(",")
-  unknown = sorted(set(names) - {"clip_score", "laion_aesthetic", "pickscore"})
+  unknown = sorted(set(names) - {"clip_score", "laion_aesthetic", "pickscore", "hps"})
   if unknown:
     raise SystemExit(f"unknown rewards {unknown}")
   print(f"device: {jax.devices()[0].platform} ({os.cpu_count()} cpus); batch {args.batch} of "
         f"{args.size}x{args.size} uint8 images, {args.repeats} repeats, float32")
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (args.batch, args.size, args.size, 3), dtype=np.uint8)
-  layouts = {"clip_score": "full", "laion_aesthetic": "full", "pickscore": "vit_h14"}
-  embedders = {}
+  layouts = {"clip_score": "full", "laion_aesthetic": "full", "pickscore": "vit_h14", "hps": "vit_h14"}
+  models = {}
   for name in names:
     layout = layouts[name]
-    if layout not in embedders:
+    if layout not in models:
       cfg = getattr(ClipConfig, layout)()
-      model = random_module(ClipModel, cfg)
-      embedders[layout] = ClipEmbedder(model, ImageProcessing.full())
+      model = models[layout] = random_module(ClipModel, cfg)
       ids = jnp.asarray(rng.integers(0, 49406, (1, 77)), jnp.int32)
       text = jax.jit(lambda s, i, g=nnx.graphdef(model): l2_normalize(nnx.merge(g, s).text_features(i)))
       first, med = timed(text, nnx.state(model), ids, repeats=args.repeats)
       print(f"[{layout}] {n_params(model) / 1e6:.1f}M params; text tower per prompt: {med:.3f} s "
             f"(first call {first:.2f} s)")
-    embedder = embedders[layout]
+    model = models[layout]
+    embedder = ClipEmbedder(model, hps_preprocessing(model.cfg.vision.image_size) if name == "hps"
+                            else ImageProcessing.full())
     text_embeds = l2_normalize(jnp.asarray(rng.standard_normal((args.batch, embedder.dim)), jnp.float32))
     if name == "clip_score":
       reward, metadata = make_clip_score(embedder), {CLIP_TEXT: text_embeds}
     elif name == "pickscore":
       reward, metadata = make_pickscore(embedder), {PICK_TEXT: text_embeds}
+    elif name == "hps":
+      reward, metadata = make_hps(embedder), {HPS_TEXT: text_embeds}
     else:
       reward, metadata = make_aesthetic(embedder, random_module(AestheticHead, AestheticConfig.full())), {}
     score = jax.jit(lambda x, m, fn=reward.fn: fn(x, None, m))

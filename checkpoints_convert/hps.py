@@ -100,6 +100,7 @@ _RENAMES = {
 }
 _PROJECTIONS = {"text_projection": "text_projection.weight", "visual.proj": "visual_projection.weight"}
 _LAYER = re.compile(r"^(visual\.)?transformer\.resblocks\.(\d+)\.(.+)\.(weight|bias)$")
+_IN_PROJ = re.compile(r"^(visual\.)?transformer\.resblocks\.(\d+)\.attn\.in_proj_(weight|bias)$")
 
 
 def hf_tensors(key: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...], Callable]]:
@@ -120,8 +121,6 @@ def hf_tensors(key: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, .
       return [(f"{prefix}{ours}.{kind}", shape, lambda a: a)]
   raise ValueError(f"OpenCLIP key {key!r} has no CLIPModel counterpart")
 
-
-_IN_PROJ = re.compile(r"^(visual\.)?transformer\.resblocks\.(\d+)\.attn\.in_proj_(weight|bias)$")
 
 
 def _in_proj(key: str, shape: tuple[int, ...]):
