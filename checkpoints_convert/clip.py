@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from checkpoints_convert import components, hf_to_flax
+from checkpoints_convert import components, hf_to_flax, torch_files
 from checkpoints_convert import safetensors_stream as st
 from glmrl.checkpoint.params import PARAMS_DIR
 from glmrl import errors
@@ -34,29 +34,12 @@ LEGACY_BUFFERS = ("text_model.embeddings.position_ids", "vision_model.embeddings
 TORCH_WEIGHTS = "pytorch_model.bin"
 
 
-def _torch_numpy(tensor) -> np.ndarray:
-  import ml_dtypes
-  import torch
-
-  tensor = tensor.detach().cpu().contiguous()
-  if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits
-    return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-  return tensor.numpy()
-
-
 def _torch_source(path: str):
   """(specs, read) of a torch state_dict file, memory-mapped so tensors are read one at a time."""
-  import torch
-
-  try:
-    state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-  except Exception as e:  # torch raises several types for corrupt or non-state_dict files
-    raise ValueError(f"{path}: could not be read as a torch state_dict ({type(e).__name__}: {e})") from e
-  if not isinstance(state, dict):
-    raise ValueError(f"{path}: holds a {type(state).__name__}, not a state_dict")
-  specs = [st.TensorSpec(k, tuple(v.shape), _torch_numpy(v.new_empty(0)).dtype)
-           for k, v in state.items() if k not in LEGACY_BUFFERS]
-  return specs, lambda key: _torch_numpy(state[key])
+  state = torch_files.load_torch(path, mmap=True)
+  specs = [st.TensorSpec(k, tuple(v.shape), torch_files.numpy_dtype(v)) for k, v in state.items()
+           if k not in LEGACY_BUFFERS]
+  return specs, lambda key: torch_files.to_numpy(state[key])
 
 
 def _safetensors_source(reader: st.SafetensorsReader):

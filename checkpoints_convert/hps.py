@@ -27,9 +27,9 @@ from typing import Callable
 
 import numpy as np
 
-from checkpoints_convert import components, hf_to_flax
+from checkpoints_convert import components, hf_to_flax, torch_files
 from checkpoints_convert import safetensors_stream as st
-from checkpoints_convert.clip import COMPONENT, _torch_numpy
+from checkpoints_convert.clip import COMPONENT
 from glmrl import errors
 from glmrl.checkpoint.params import PARAMS_DIR
 from glmrl.errors import run_command
@@ -122,7 +122,6 @@ def hf_tensors(key: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, .
   raise ValueError(f"OpenCLIP key {key!r} has no CLIPModel counterpart")
 
 
-
 def _in_proj(key: str, shape: tuple[int, ...]):
   """The query, key and value tensors of one fused attention input projection (rows [q; k; v])."""
   visual, layer, kind = _IN_PROJ.match(key).groups()
@@ -130,8 +129,8 @@ def _in_proj(key: str, shape: tuple[int, ...]):
     raise ValueError(f"OpenCLIP {key} has shape {list(shape)}: its first dimension is not 3 x width")
   width = shape[0] // 3
   prefix = f"{'vision' if visual else 'text'}_model.encoder.layers.{layer}.self_attn."
-  return [(f"{prefix}{p}_proj.{kind}", (width, *shape[1:]), lambda a, i=i: np.ascontiguousarray(a[i * width:(i + 1) * width]))
-          for i, p in enumerate("qkv")]
+  rows = lambda i: lambda a: np.ascontiguousarray(a[i * width:(i + 1) * width])
+  return [(f"{prefix}{p}_proj.{kind}", (width, *shape[1:]), rows(i)) for i, p in enumerate("qkv")]
 
 
 def openclip_to_clipmodel(state: dict) -> dict[str, tuple[tuple[int, ...], object, Callable]]:
@@ -142,9 +141,9 @@ def openclip_to_clipmodel(state: dict) -> dict[str, tuple[tuple[int, ...], objec
       continue
     shape = tuple(tensor.shape)
     parts = _in_proj(key, shape) if _IN_PROJ.match(key) else hf_tensors(key, shape)
-    dtype = _torch_numpy(tensor.new_empty(0)).dtype
+    dtype = torch_files.numpy_dtype(tensor)
     for name, hf_shape, transform in parts:
-      out[name] = (hf_shape, dtype, lambda t=tensor, f=transform: f(_torch_numpy(t)))
+      out[name] = (hf_shape, dtype, lambda t=tensor, f=transform: f(torch_files.to_numpy(t)))
   return out
 
 
@@ -174,17 +173,12 @@ def check_fits(tensors: dict, cfg: ClipConfig, where: str) -> None:
 
 def read_state_dict(path: str) -> dict:
   """The OpenCLIP state dict of a torch file (HPS' `{"state_dict": ...}` or a bare state dict), memory-mapped."""
-  import torch
-
   if not os.path.isfile(path):
     raise FileNotFoundError(f"--checkpoint {path} is not a file (HPS v2.1 is HPS_v2.1_compressed.pt)")
-  try:
-    state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-  except Exception as e:  # torch raises several types for corrupt or non-checkpoint files
-    raise ValueError(f"{path}: could not be read as a torch checkpoint ({type(e).__name__}: {e})") from e
-  if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+  state = torch_files.load_torch(path, mmap=True)
+  if isinstance(state.get("state_dict"), dict):
     state = state["state_dict"]
-  if not isinstance(state, dict) or not all(hasattr(v, "shape") for v in state.values()):
+  if not all(hasattr(v, "shape") for v in state.values()):
     raise ValueError(f"{path}: holds neither an OpenCLIP state_dict nor {{'state_dict': ...}}")
   if any(k.startswith("module.") for k in state):
     raise ValueError(f"{path}: keys start with 'module.' (a wrapped model's); save model.state_dict() itself")
