@@ -2,8 +2,8 @@
 
 Importing this package registers the built-ins: `brightness`, `colorfulness`,
 `saturation`, `target_neg_mse`, `target_psnr` (pure JAX) and
-`jpeg_compressibility` (host-side), and the model-backed `clip_score`, `pickscore`, `hps`
-and `laion_aesthetic` (pure JAX; built by `RewardComposer` from converted checkpoints).
+`jpeg_compressibility` (host-side), and the model-backed `clip_score`, `pickscore`, `hps`,
+`image_reward` and `laion_aesthetic` (pure JAX; built by `RewardComposer` from converted checkpoints).
 Also model-backed: `lpips` (pure JAX, -LPIPS to metadata['target_image']), and the host-side
 `remote` (scores from a reward server), `text_accuracy` (OCR server, Flow-GRPO's reward) and the OCR metrics
 `ocr_word_accuracy` and `ocr_ned` against metadata['text'] (`ocr_metrics.py`), and `geneval` (GenEval's rules over
@@ -12,6 +12,7 @@ a remote object detector's boxes, labels and colours).
 
 from glmrl.rewards import image_stats, jpeg, target  # noqa: F401  (registers the built-ins)
 from glmrl.rewards import aesthetic, clip_score, hps, pickscore  # noqa: F401  (registers the CLIP rewards)
+from glmrl.rewards import image_reward  # noqa: F401  (ImageReward's BLIP)
 from glmrl.rewards import lpips, ocr_metrics, remote, text_accuracy  # noqa: F401  (LPIPS, remote, OCR rewards)
 from glmrl.rewards import geneval  # noqa: F401  (GenEval's rules over a remote detector)
 from glmrl.rewards.compose import RewardComposer, group_normalize

@@ -9,10 +9,10 @@ def test_builtins_registered_with_their_kind():
   kinds = {name: rewards.get(name).pure_jax for name in rewards.names()}
   assert kinds == {"brightness": True, "colorfulness": True, "saturation": True, "target_neg_mse": True,
                    "target_psnr": True, "jpeg_compressibility": False, "clip_score": True, "pickscore": True, "hps": True,
-                   "laion_aesthetic": True, "lpips": True, "remote": False, "text_accuracy": False,
+                   "image_reward": True, "laion_aesthetic": True, "lpips": True, "remote": False, "text_accuracy": False,
                    "ocr_word_accuracy": False, "ocr_ned": False, "geneval": False}
   model_backed = {n for n in rewards.names() if rewards.get(n).model_backed}
-  assert model_backed == {"clip_score", "pickscore", "hps", "laion_aesthetic", "lpips", "remote", "text_accuracy",
+  assert model_backed == {"clip_score", "pickscore", "hps", "image_reward", "laion_aesthetic", "lpips", "remote", "text_accuracy",
                           "ocr_word_accuracy", "ocr_ned", "geneval"}
 
 

@@ -24,6 +24,18 @@ def layer_norm(cfg, width: int, eps: float, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
                        scale_metadata={"out_sharding": (EMBED,)}, bias_metadata={"out_sharding": (EMBED,)})
 
 
+def attend(q_BxLxHxK, k_BxTxHxK, v_BxTxHxK, mask_Bx1xLxT=None) -> jax.Array:
+  """Scaled dot-product attention, logits and softmax in float32; [B, L, H * K]. A masked key gets the most
+  negative finite logit, not -inf: a fully masked row (left padding) stays finite."""
+  b, l, h, k = q_BxLxHxK.shape
+  logits_BxHxLxT = jnp.einsum("blhk,bthk->bhlt", q_BxLxHxK, k_BxTxHxK,
+                              preferred_element_type=jnp.float32) * (k ** -0.5)
+  if mask_Bx1xLxT is not None:
+    logits_BxHxLxT = jnp.where(mask_Bx1xLxT, logits_BxHxLxT, jnp.finfo(jnp.float32).min)
+  probs_BxHxLxT = jax.nn.softmax(logits_BxHxLxT, axis=-1).astype(v_BxTxHxK.dtype)
+  return jnp.einsum("bhlt,bthk->blhk", probs_BxHxLxT, v_BxTxHxK).reshape(b, l, h * k)
+
+
 class Attention(nnx.Module):
   """Multi-head self-attention with biased q/k/v/out projections; softmax in float32."""
 
@@ -38,17 +50,10 @@ class Attention(nnx.Module):
   def __call__(self, x_BxLxD, mask_Bx1xLxT=None):
     b, l, _ = x_BxLxD.shape
     h, hd = self.num_heads, self.head_dim
-    q_BxLxHxD = self.q(x_BxLxD).reshape(b, l, h, hd)
-    k_BxTxHxD = self.k(x_BxLxD).reshape(b, l, h, hd)
-    v_BxTxHxD = self.v(x_BxLxD).reshape(b, l, h, hd)
-    logits_BxHxLxT = jnp.einsum("blhd,bthd->bhlt", q_BxLxHxD, k_BxTxHxD,
-                                preferred_element_type=jnp.float32) * (hd ** -0.5)
-    if mask_Bx1xLxT is not None:
-      # The most negative finite value, not -inf: a fully masked row (left padding) stays finite.
-      logits_BxHxLxT = jnp.where(mask_Bx1xLxT, logits_BxHxLxT, jnp.finfo(jnp.float32).min)
-    probs_BxHxLxT = jax.nn.softmax(logits_BxHxLxT, axis=-1).astype(v_BxTxHxD.dtype)
-    o_BxLxHxD = jnp.einsum("bhlt,bthd->blhd", probs_BxHxLxT, v_BxTxHxD)
-    return self.o(o_BxLxHxD.reshape(b, l, h * hd))
+    q_BxLxHxK = self.q(x_BxLxD).reshape(b, l, h, hd)
+    k_BxLxHxK = self.k(x_BxLxD).reshape(b, l, h, hd)
+    v_BxLxHxK = self.v(x_BxLxD).reshape(b, l, h, hd)
+    return self.o(attend(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_Bx1xLxT))
 
 
 class FeedForward(nnx.Module):

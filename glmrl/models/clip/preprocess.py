@@ -25,6 +25,9 @@ from glmrl.models.config_fields import check_positive_ints
 # transformers' OPENAI_CLIP_MEAN / OPENAI_CLIP_STD, used by every CLIP checkpoint here.
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# Where a centre crop starts, from the margin: CLIPImageProcessor's floor(margin / 2), or torchvision's CenterCrop
+# (ImageReward's transform): int(round(margin / 2)), Python's round, so a margin of 75 starts at 38 and one of 73 at 36.
+CROP_ROUNDING = {"floor": lambda margin: margin // 2, "round": lambda margin: int(round(margin / 2.0))}
 # PIL resampling codes (PILImageResampling) -> jax.image kernels with the same shape.
 RESAMPLE = {2: "linear", 3: "cubic"}
 
@@ -46,7 +49,8 @@ class ImageProcessing:
   (`shortest_edge` None) scales the long side to it and the short one to round(short * edge / long), as
   OpenCLIP's `ResizeMaxSize`, and `pad_size` then pads the image to pad_size x pad_size with zeros, centred
   (the extra row or column at the bottom and right). `uint8_passes`: each resize pass is rounded to uint8 as PIL
-  stores it (CLIPImageProcessor), or kept in floats (OpenCLIP, torch's resize of a float tensor).
+  stores it (CLIPImageProcessor), or kept in floats (OpenCLIP, torch's resize of a float tensor). `crop_rounding`:
+  where the centre crop starts (`CROP_ROUNDING`).
   """
   do_resize: bool = True
   shortest_edge: int | None = 224
@@ -57,6 +61,7 @@ class ImageProcessing:
   uint8_passes: bool = True
   pad_size: int | None = None
   do_center_crop: bool = True
+  crop_rounding: str = "floor"
   crop_height: int = 224
   crop_width: int = 224
   do_rescale: bool = True
@@ -79,6 +84,8 @@ class ImageProcessing:
                        f"resize=({self.resize_height}, {self.resize_width})")
     check_positive_ints(self, ("shortest_edge", "resize_height", "resize_width", "longest_edge", "pad_size",
                                "crop_height", "crop_width"), optional=True)
+    if self.crop_rounding not in CROP_ROUNDING:
+      raise ValueError(f"crop_rounding={self.crop_rounding!r} is not one of {sorted(CROP_ROUNDING)}")
     if self.pad_size is not None and self.do_center_crop:
       raise ValueError(f"pad_size={self.pad_size} and do_center_crop: pad or crop, not both")
     if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
@@ -106,9 +113,12 @@ class ImageProcessing:
     return cls(**values)
 
   def to_hf(self) -> dict:
-    """A dict `CLIPImageProcessor(**d)` accepts (which has no longest-side resize, padding or float passes)."""
-    if self.longest_edge is not None or self.pad_size is not None or not self.uint8_passes:
-      raise ValueError(f"{self} has no CLIPImageProcessor counterpart (longest_edge, pad_size, float passes)")
+    """A dict `CLIPImageProcessor(**d)` accepts (which has no longest-side resize, padding, float passes or
+    rounded crop offsets)."""
+    if (self.longest_edge is not None or self.pad_size is not None or not self.uint8_passes
+        or self.crop_rounding != "floor"):
+      raise ValueError(f"{self} has no CLIPImageProcessor counterpart (longest_edge, pad_size, float passes, "
+                       "crop_rounding)")
     size = ({"shortest_edge": self.shortest_edge} if self.shortest_edge is not None
             else {"height": self.resize_height, "width": self.resize_width})
     return dict(do_resize=self.do_resize, size=size, resample=self.resample, do_center_crop=self.do_center_crop,
@@ -162,11 +172,13 @@ def _resize_axis(x_BxhxwxC: jax.Array, axis: int, size: int, kernel: str, uint8:
   return jnp.clip(jnp.floor(y + 0.5), 0.0, 255.0)
 
 
-def center_crop_offsets(height: int, width: int, crop_h: int, crop_w: int) -> tuple[int, int]:
+def center_crop_offsets(height: int, width: int, crop_h: int, crop_w: int, rounding: str = "floor"
+                        ) -> tuple[int, int]:
   if crop_h > height or crop_w > width:
     raise ValueError(f"center crop {crop_h}x{crop_w} is larger than the resized {height}x{width} image "
                      "(padding is not supported)")
-  return (height - crop_h) // 2, (width - crop_w) // 2
+  offset = CROP_ROUNDING[rounding]
+  return offset(height - crop_h), offset(width - crop_w)
 
 
 def preprocess(images_Bxhxwx3, proc: ImageProcessing) -> jax.Array:
@@ -191,7 +203,7 @@ def preprocess(images_Bxhxwx3, proc: ImageProcessing) -> jax.Array:
     x_Bxhxwx3 = jnp.pad(x_Bxhxwx3, ((0, 0), (top, proc.pad_size - h - top), (left, proc.pad_size - w - left), (0, 0)))
   if proc.do_center_crop:
     h, w = x_Bxhxwx3.shape[1:3]
-    top, left = center_crop_offsets(h, w, proc.crop_height, proc.crop_width)
+    top, left = center_crop_offsets(h, w, proc.crop_height, proc.crop_width, proc.crop_rounding)
     x_Bxhxwx3 = x_Bxhxwx3[:, top:top + proc.crop_height, left:left + proc.crop_width]
   if proc.do_rescale:
     x_Bxhxwx3 = x_Bxhxwx3 * jnp.float32(proc.rescale_factor)

@@ -21,7 +21,7 @@ from transformers.models.clip.image_processing_pil_clip import CLIPImageProcesso
 
 from checkpoints_convert.maps.clip import RULES
 from glmrl.models.clip import ClipModel, l2_normalize
-from glmrl.models.clip.preprocess import OPENAI_CLIP_STD, ImageProcessing, preprocess
+from glmrl.models.clip.preprocess import OPENAI_CLIP_STD, ImageProcessing, center_crop_offsets, preprocess
 from tests.models.clip import tiny
 from tests.torch_port import port
 
@@ -115,3 +115,13 @@ def test_resize_settings_are_checked():
     ImageProcessing(shortest_edge=None, longest_edge=224, pad_size=224)
   with pytest.raises(ValueError, match="no CLIPImageProcessor counterpart"):
     ImageProcessing(shortest_edge=None, longest_edge=224, do_center_crop=False).to_hf()
+  with pytest.raises(ValueError, match="no CLIPImageProcessor counterpart"):
+    ImageProcessing(crop_rounding="round").to_hf()
+  with pytest.raises(ValueError, match="crop_rounding='ceil' is not one of"):
+    ImageProcessing(crop_rounding="ceil")
+
+
+def test_crop_offsets_floor_as_clip_or_round_as_torchvision():
+  """torchvision's CenterCrop (ImageReward's) starts at int(round(margin / 2)), Python's round: half to even."""
+  assert [center_crop_offsets(224 + m, 224, 224, 224)[0] for m in (72, 73, 74, 75)] == [36, 36, 37, 37]
+  assert [center_crop_offsets(224 + m, 224, 224, 224, "round")[0] for m in (72, 73, 74, 75)] == [36, 36, 37, 38]
