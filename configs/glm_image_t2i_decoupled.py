@@ -40,6 +40,8 @@ def _required():
 
 
 def get_config(arg=None):
+  if arg not in (None, "", "tiny"):
+    raise ValueError(f"unknown config argument {arg!r}; expected nothing or 'tiny'")
   c = glm_image_t2i_lora.get_config(arg)
   c.train.policies = "ar+decoder"
   c.data.prompts_per_step = 4

@@ -2,7 +2,10 @@
 
 python main.py --config=configs/glm_image_t2i_lora.py --config.model.checkpoint_dir=CONVERTED
   --config.data.prompts_file=prompts.txt --workdir=DIR
-`:tiny` shrinks it to the random tiny model and a 64 x 64 target for a local run.
+`:tiny` shrinks it to the random tiny model and a 64 x 64 target for a local run. `:hps` trains on HPS v2.1 instead
+of the JPEG size (the reward DanceGRPO, MixGRPO and TempFlow-GRPO train on; docs/rewards.md), every other value as
+below; `:hps,tiny` shrinks it the same way. Both take the converted HPS folder and its tokenizer:
+  --config.rewards[0].kwargs.ckpt_dir=HPS --config.rewards[0].kwargs.tokenizer_dir=CLIP_H_TOKENIZER
 
 The base generator stays frozen in bfloat16; rank-64 adapters on every linear layer of its decoder
 (attention q/k/v/o, MLP gate_up/down) train with their float32 master copy and AdamW moments. The
@@ -18,11 +21,18 @@ Sources of the values, where published recipes give them:
   over latent elements of the decoder, not the AR tokens' ratios.
 """
 
+from ml_collections import config_dict
+
 from configs import glm_image_t2i
+
+VARIANTS = ("tiny", "hps", "hps,tiny")
 
 
 def get_config(arg=None):
-  c = glm_image_t2i.get_config(arg)
+  if arg and arg not in VARIANTS:
+    raise ValueError(f"unknown config argument {arg!r}; expected nothing or one of {list(VARIANTS)}")
+  parts = set(arg.split(",")) if arg else set()
+  c = glm_image_t2i.get_config("tiny" if "tiny" in parts else None)
   c.lora.rank = 64
   c.lora.alpha = 128.0
   c.lora.targets = "ar"
@@ -30,7 +40,10 @@ def get_config(arg=None):
   c.optim.learning_rate = 1e-4
   c.grpo.beta = 0.01
   # Kept from glm_image_t2i / common: group_size 16, epsilon_low 0.2, epsilon_high 0.28 (sources above).
-  if arg == "tiny":
+  if "hps" in parts:  # hpsv2.score's scale (cosines around 0.2-0.3), as DanceGRPO trains on it
+    c.rewards = (config_dict.ConfigDict({"name": "hps", "weight": 1.0, "kwargs": {
+        "ckpt_dir": config_dict.placeholder(str), "tokenizer_dir": config_dict.placeholder(str)}}),)
+  if "tiny" in parts:
     c.model.param_dtype = "float32"
     c.lora.rank = 4
     c.lora.alpha = 8.0

@@ -172,6 +172,12 @@ def test_bad_decoder_settings_fail_in_one_line_before_any_work(flags, message, t
     (None, "--config=configs", "--config=configs: no such file (a folder)"),
     (None, "--config=configs/demo.py:foo", "unknown config argument 'foo'; this config takes none"),
     (None, "--config=configs/glm_image_t2i.py:huge", "unknown config argument 'huge'; expected nothing or 'tiny'"),
+    (None, "--config=configs/glm_image_t2i_lora.py:tiny,hps", "unknown config argument 'tiny,hps'; expected "
+                                                              "nothing or one of ['tiny', 'hps', 'hps,tiny']"),
+    (None, "--config=configs/glm_image_t2i_decoupled.py:hps", "unknown config argument 'hps'; expected nothing or "
+                                                              "'tiny'"),
+    (None, "--config=configs/glm_image_t2i_lora.py:hps,tiny", "config.rewards[0].kwargs.ckpt_dir is required but "
+                                                              "has no value (pass --config.rewards[0].kwargs.ckpt_dir="),
     ("def get_config(:\n", "", ":1: invalid syntax (a syntax error in the config file)"),
     ("x = 1\n", "", ": defines no get_config(arg) function"),
     ("import glmrl_nosuch\n", "", "my_config.py:1: ModuleNotFoundError: No module named 'glmrl_nosuch' (raised by the "

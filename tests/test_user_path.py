@@ -236,3 +236,40 @@ def test_decoupled_nft_run_trains_as_two_processes(converted, tmp_path):
                             f"--config.model.checkpoint_dir={ckpt}", "--config.decoder.algorithm=nft",
                             "--config.decoder.ema.every=1", *DECOUPLED)
   assert (multi / "checkpoints" / "2").is_dir()
+
+
+def test_the_hps_recipe_trains_and_its_evaluation_reports_both_preference_rewards(shared_runs, tmp_path):
+  """configs/glm_image_t2i_lora.py:hps,tiny as its docstring runs it, on a tiny HPS v2.1 folder made by open_clip and
+  converted by the command line (tests/rewards/preference_models.py), then --mode=eval on PartiPrompts scored by HPS
+  and ImageReward: each report column holds its reward's scores of the images the evaluation saved."""
+  from PIL import Image
+
+  from glmrl.rewards import RewardComposer
+  from tests.rewards import preference_models
+
+  hps, image_reward = preference_models.hps(shared_runs), preference_models.image_reward(shared_runs)
+  entries = ({"name": "hps", "weight": 1.0, "kwargs": {"ckpt_dir": str(hps / "converted"),
+                                                        "tokenizer_dir": str(hps / "tokenizer")}},
+             {"name": "image_reward", "weight": 1.0, "kwargs": {"ckpt_dir": str(image_reward / "converted"),
+                                                                 "tokenizer_dir": str(image_reward / "bert")}})
+  workdir = tmp_path / "run"
+  recipe = ("--config=configs/glm_image_t2i_lora.py:hps,tiny", "--config.train.num_steps=2",
+            "--config.checkpoint.save_interval=2")
+  launch(workdir, *recipe, f"--config.rewards[0].kwargs.ckpt_dir={hps / 'converted'}",
+         f"--config.rewards[0].kwargs.tokenizer_dir={hps / 'tokenizer'}", processes=1, devices=1)
+  rows = _rows(workdir)
+  assert [r["step"] for r in rows] == [1, 2] and all(r["reward/hps/std"] > 0 for r in rows)
+  np.testing.assert_allclose([r["reward/mean"] for r in rows], [r["reward/hps/mean"] for r in rows], rtol=1e-6)
+
+  launch(workdir, *recipe, "--mode=eval", "--config.eval.benchmark=parti:2", "--config.eval.steps=0,2",
+         f"--config.rewards={entries!r}", processes=1, devices=1)
+  report = json.loads((workdir / "eval" / "report.json").read_text())
+  composer = RewardComposer(list(entries))
+  prompts = report["prompt_text"]
+  for step in ("0", "2"):  # the first sample of each prompt, saved as eval/images/STEP/PROMPT.png
+    images = np.stack([np.asarray(Image.open(workdir / "eval" / "images" / step / f"{i}.png").convert("RGB"))
+                       for i in range(len(prompts))])
+    _, scores = composer(images, prompts)
+    for name in ("hps", "image_reward"):
+      np.testing.assert_allclose(report["first_sample"][f"reward/{name}"][step], scores[name], rtol=1e-5, atol=1e-6,
+                                 err_msg=f"{name} at step {step}")

@@ -7,8 +7,6 @@ Tolerance: each score within 1e-5 of the reference's, relative (1e-7 absolute fo
 """
 
 import json
-import subprocess
-import sys
 
 import glmrl  # noqa: F401
 
@@ -21,27 +19,16 @@ from checkpoints_convert import hps as hps_convert
 from glmrl.models.clip import ClipModel
 from glmrl.models.init_rngs import InitRngs
 from glmrl.rewards import RewardComposer
-from tests.cli import ROOT, TIMEOUT_S
 from tests.models.clip import tiny
+from tests.rewards import preference_models
 from tests.rewards.open_clip_oracle import PROMPTS, SIZES
 
 
 @pytest.fixture(scope="module")
-def oracle(tmp_path_factory):
+def oracle(shared_runs):
   """(the oracle's folder, the converted folder, a tokenizer folder)."""
-  out = tmp_path_factory.mktemp("open_clip")
-  made = subprocess.run([sys.executable, "-m", "tests.rewards.open_clip_oracle", f"--out={out}"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=TIMEOUT_S)
-  assert made.returncode == 0, made.stderr[-3000:]
-  converted = out / "converted"
-  done = subprocess.run([sys.executable, "-m", "checkpoints_convert.hps", f"--checkpoint={out / 'hps.pt'}",
-                         f"--model_config={out / 'model_config.json'}", f"--out_dir={converted}"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=TIMEOUT_S)
-  assert done.returncode == 0, done.stderr[-3000:]
-  assert f"-> {converted}" in done.stdout and not list(converted.glob(".hps-clipmodel-*"))
-  tokenizer = out / "tokenizer"
-  tiny.tiny_tokenizer().save_pretrained(str(tokenizer))
-  return out, converted, tokenizer
+  out = preference_models.hps(shared_runs)
+  return out, out / "converted", out / "tokenizer"
 
 
 def test_scores_are_open_clips_hps_scores(oracle):
