@@ -1,4 +1,4 @@
-"""CLIP-based rewards at full size (random weights): time per image, jitted, compile excluded.
+"""CLIP-based rewards and ImageReward at full size (random weights): time per image, jitted, compile excluded.
 
 `clip_score` and `laion_aesthetic` run openai/clip-vit-large-patch14's layout (`ClipConfig.full()`, plus
 the 768-1024-128-64-16-1 head), `pickscore` and `hps` the ViT-H/14 layout (`ClipConfig.vit_h14()`; `hps` with
@@ -7,7 +7,9 @@ scores `--batch` random uint8 `--size` x `--size` images (resize + crop + normal
 tower, projection) inside one jit that closes over the weights, as the composer runs it; the text
 embeddings are prepared beforehand, and the text tower's own cost per prompt (77 tokens, paid once
 per distinct prompt thanks to the cache) is timed separately. Each timing is the median of
-`--repeats` calls after one compiling call (reported separately).
+`--repeats` calls after one compiling call (reported separately). `image_reward` runs the released ImageReward
+layout (BLIP ViT-L/16 and the cross-attending bert-base, `ImageRewardConfig.full()`) on 35 prompt tokens per image,
+with ImageReward's preprocessing: its text encoder runs per image, as it attends to the image.
 
     python bench/rewards_clip.py --size=1024 --batch=2 --repeats=3
 """
@@ -38,6 +40,10 @@ from glmrl.rewards.aesthetic import make_aesthetic  # noqa: E402
 from glmrl.rewards.clip_score import TEXT_EMBEDS as CLIP_TEXT, make_clip_score  # noqa: E402
 from glmrl.rewards.hps import TEXT_EMBEDS as HPS_TEXT, make_hps, preprocessing as hps_preprocessing  # noqa: E402
 from glmrl.rewards.pickscore import TEXT_EMBEDS as PICK_TEXT, make_pickscore  # noqa: E402
+from glmrl.models.blip.config import ImageRewardConfig  # noqa: E402
+from glmrl.models.blip.model import ImageRewardModel  # noqa: E402
+from glmrl.rewards.image_reward import PROMPT_IDS, PROMPT_MASK, make_image_reward  # noqa: E402
+from glmrl.rewards.image_reward import preprocessing as image_reward_preprocessing  # noqa: E402
 
 
 def random_module(cls, cfg):
@@ -70,7 +76,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
   names = args.rewards.split(",")
-  unknown = sorted(set(names) - {"clip_score", "laion_aesthetic", "pickscore", "hps"})
+  unknown = sorted(set(names) - {"clip_score", "laion_aesthetic", "pickscore", "hps", "image_reward"})
   if unknown:
     raise SystemExit(f"unknown rewards {unknown}")
   print(f"device: {jax.devices()[0].platform} ({os.cpu_count()} cpus); batch {args.batch} of "
@@ -80,6 +86,15 @@ def main():
   layouts = {"clip_score": "full", "laion_aesthetic": "full", "pickscore": "vit_h14", "hps": "vit_h14"}
   models = {}
   for name in names:
+    if name == "image_reward":
+      model = random_module(ImageRewardModel, ImageRewardConfig.full())
+      print(f"[image_reward] {n_params(model) / 1e6:.1f}M params")
+      reward = make_image_reward(model, None, image_reward_preprocessing(model.cfg.vision.image_size))
+      tokens = model.cfg.max_prompt_tokens
+      metadata = {PROMPT_IDS: jnp.asarray(rng.integers(0, 30522, (args.batch, tokens)), jnp.int32),
+                  PROMPT_MASK: jnp.ones((args.batch, tokens), jnp.int32)}
+      _report(name, reward, images, metadata, args)
+      continue
     layout = layouts[name]
     if layout not in models:
       cfg = getattr(ClipConfig, layout)()
@@ -101,10 +116,14 @@ def main():
       reward, metadata = make_hps(embedder), {HPS_TEXT: text_embeds}
     else:
       reward, metadata = make_aesthetic(embedder, random_module(AestheticHead, AestheticConfig.full())), {}
-    score = jax.jit(lambda x, m, fn=reward.fn: fn(x, None, m))
-    first, med = timed(score, images, metadata, repeats=args.repeats)
-    print(f"{name}: first call {first:.2f} s (compile + run), median {med:.3f} s per batch, "
-          f"{med / args.batch:.3f} s per image")
+    _report(name, reward, images, metadata, args)
+
+
+def _report(name, reward, images, metadata, args):
+  score = jax.jit(lambda x, m, fn=reward.fn: fn(x, None, m))
+  first, med = timed(score, images, metadata, repeats=args.repeats)
+  print(f"{name}: first call {first:.2f} s (compile + run), median {med:.3f} s per batch, "
+        f"{med / args.batch:.3f} s per image")
 
 
 if __name__ == "__main__":

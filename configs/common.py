@@ -242,6 +242,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.ar_weights = "auto"  # "auto", "update" or "gathered".
   c.compile = ml_collections.ConfigDict()
   c.compile.topology = ""  # --mode=compile's target slice, e.g. "v5p-64", "v5e-256", "v6e-8".
+  c.compile.programs = ""  # Only these of the step's programs, e.g. "rewards,update"; "" compiles all of them.
 
   c.eval = ml_collections.ConfigDict()
   c.eval.interval = 0  # Evaluate on held-out prompts every this many steps; 0 disables.

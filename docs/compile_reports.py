@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import shlex
 import sys
 import time
 
@@ -49,6 +50,13 @@ ROWS = (
         what="The decoupled recipe (AR LoRA + DiT LoRA, Flow-GRPO), one image per chip per decoder micro-batch."),
     # ^ compiling its decoder update took more than 23 GiB of host memory (killed on a 24 GiB machine;
     #   docs/benchmarks.md).
+    Row("rewards-v5p-64", "configs/glm_image_t2i_lora.py:hps", "v5p-64",
+        flags=("--config.compile.programs=rewards",
+               '--config.rewards=({"name":"hps","weight":1.0},{"name":"image_reward","weight":1.0},'
+               '{"name":"pickscore","weight":1.0})'),
+        what="The preference rewards alone: HPS v2.1, ImageReward and PickScore at their released sizes (float32, "
+             "replicated on every chip as the run loads them), scoring the LoRA recipe's 128 images of a step on 32 "
+             "v5p chips; the step's other programs are left out (the lora-v5p-2 row compiles them)."),
 )
 
 HEADER = """\
@@ -85,7 +93,7 @@ def render() -> str:
     parts.append(summary_row(row, report))
   parts.append("")
   for row, report in loaded:
-    parts += [f"## {row.config} on {row.topology}", "", row.what, "", "```bash", " ".join(row.command()), "```", "",
+    parts += [f"## {row.config} on {row.topology}", "", row.what, "", "```bash", shlex.join(row.command()), "```", "",
               report_lib.table(report), ""]
   return "\n".join(parts).rstrip("\n") + "\n"
 

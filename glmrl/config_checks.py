@@ -241,6 +241,7 @@ RULES: dict[str, Rule] = {
     "log.wandb_mode": choice(*wandb_run.MODES),
     "eval.interval": integer(0, why="must be >= 0 (0 disables periodic evaluation)"),
     "compile.topology": STRING,
+    "compile.programs": STRING,
     "eval.prompts_file": STRING,
     "eval.benchmark": Rule(str, _benchmark_ok, f"must be '' or a shipped benchmark {list(benchmarks.NAMES)}, "
                            "optionally with ':N' (N >= 1 of its prompts)"),

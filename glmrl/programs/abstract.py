@@ -28,6 +28,7 @@ from glmrl.models.glyph import tokenize_glyph_texts
 from glmrl.policy import registry
 from glmrl.policy.state import build_state, placed
 from glmrl.rewards import RewardComposer
+from glmrl.rewards import compose as compose_lib
 from glmrl.rewards import registry as reward_registry
 from glmrl.sampling import ar_sampler, decode, pipeline, rollout_weights, scheduler
 from glmrl.sampling.logprobs import sampling_config
@@ -110,6 +111,27 @@ class AbstractRun(plan_lib.PlanView):
     """The trees the run trains: each policy's trained state."""
     return tuple(state.trainable for state in self.states.values())
 
+  @functools.cached_property
+  def reward_models(self) -> dict:
+    """{policy: {reward name: (AbstractReward, graphdef, state)}}: each trained policy's model-backed rewards that
+    can be built abstractly (`Reward.abstract`), their parameters replicated on the mesh as the run loads them
+    (`train.setup.reward_composer`). A reward in several policies' lists is one model, as the run's cache keeps it."""
+    out, built = {}, {}
+    for name, policy in self.policies.items():
+      out[name] = {}
+      for entry in _entries(policy.rewards(self.request)[0]):
+        reward = reward_registry.get(entry["name"])
+        if reward.abstract is None:
+          continue
+        kwargs = dict(entry.get("kwargs") or {})
+        key = (entry["name"], repr(sorted(kwargs.items())))
+        if key not in built:
+          spec = reward.abstract(**kwargs)
+          graphdef, state = nnx.split(spec.module)
+          built[key] = (spec, graphdef, placed_replicated(state, self.mesh))
+        out[name][entry["name"]] = built[key]
+    return out
+
   def resident_bytes(self) -> dict:
     """Bytes per chip of what stays in HBM for the whole run, by kind. `frozen`: every model's part that no
     policy trains (a trained model's base, the other models whole); `ema`: the moving averages kept."""
@@ -126,6 +148,9 @@ class AbstractRun(plan_lib.PlanView):
     }
     if averages:
       out["ema"] = report_lib.bytes_per_chip(averages)
+    models = {id(m[2]): m[2] for by_name in self.reward_models.values() for m in by_name.values()}
+    if models:
+      out["reward_models"] = report_lib.bytes_per_chip(tuple(models.values()))
     return out
 
 
@@ -230,22 +255,51 @@ def decoder(run: AbstractRun) -> Program:
   return Program("decoder", lowered, (dit_state, vae_state), calls=run.images // chunk)
 
 
+def _entries(config_entries) -> list[dict]:
+  return [dict(e.to_dict() if hasattr(e, "to_dict") else e) for e in config_entries]
+
+
+def placed_replicated(state, mesh):
+  """`state`'s shapes replicated on `mesh` (where the run loads a reward model's weights)."""
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), state)
+
+
 def rewards(run: AbstractRun, policy: str) -> Program | str:
-  """The on-device scoring (pure-JAX rewards, the weighted sum) of a batch by `policy`'s rewards; a reason
-  string when they cannot be built abstractly (model-backed ones load weights from disk)."""
+  """The on-device scoring of a batch by `policy`'s rewards: the pure-JAX rewards (a model-backed one on its
+  model's abstract parameters, `AbstractRun.reward_models`), the host rewards' scores as inputs, the weighted
+  sum; a reason string when a model-backed reward cannot be built abstractly (a server, or no `abstract`)."""
   cfg, mesh, b = run.config, run.mesh, run.images
   trained = run.policies[policy]
   config_entries, group = trained.rewards(run.request)
-  entries = [dict(e.to_dict() if hasattr(e, "to_dict") else e) for e in config_entries]
+  entries = _entries(config_entries)
+  if cfg.normalize_rewards_per_group:  # as train.setup.reward_composer
+    entries = [dict(e, normalize=True) for e in entries]
+  models = run.reward_models[policy]
   backed = [e["name"] for e in entries if reward_registry.get(e["name"]).model_backed]
-  if backed:
-    return (f"rewards built by factories {backed} need what their kwargs name (weights on disk, a server); "
+  unbuilt = [name for name in backed if name not in models]
+  if unbuilt:
+    return (f"rewards built by factories {unbuilt} need what their kwargs name (weights on disk, a server); "
             "not compiled here")
-  composer = RewardComposer(entries, group_size=group, std_eps=cfg.grpo.std_eps)
-  host = {e["name"]: batch_array(mesh, (b,), jnp.float32) for e in composer.entries if not e["reward"].pure_jax}
+  plain = [e for e in entries if e["name"] not in models]
+  composer = RewardComposer(plain, group_size=group, std_eps=cfg.grpo.std_eps) if plain else None
+  host = {e["name"]: batch_array(mesh, (b,), jnp.float32) for e in (composer.entries if composer else ())
+          if not e["reward"].pure_jax}
   images = batch_array(mesh, (b, cfg.data.height, cfg.data.width, 3), jnp.uint8)
-  lowered = composer._device_scores_jit.lower(host, images, {})  # pylint: disable=protected-access
-  return Program(trained.programs[0], lowered, ())
+  metadata = {key: batch_array(mesh, (b, *shape), dtype) for spec, _, _ in models.values()
+              for key, (shape, dtype) in spec.prepared.items()}
+  states = {name: state for name, (_, _, state) in models.items()}
+
+  @jax.jit
+  def score(states, host, images, metadata):
+    components = dict(host)
+    if composer is not None:
+      components.update(composer.jax_scores(images, metadata))
+    for name, (spec, graphdef, _) in models.items():
+      components[name] = spec.make(nnx.merge(graphdef, states[name])).fn(images, None, metadata)
+    return compose_lib.weighted_total(entries, components, group, cfg.grpo.std_eps), components
+
+  return Program(trained.programs[0], score.lower(states, host, images, metadata), (states,))
 
 
 def update(run: AbstractRun, policy: str) -> Program:

@@ -54,7 +54,7 @@ def compile_report(config) -> dict:
   flops = report_lib.step_flops(config, run.layout, run.configs, ar_param_count=abstract_lib.generator_params(run),
                                 dit_param_count=abstract_lib.num_params(run.models["dit"][1]))
   entries, fits = {}, True
-  for name, builder in abstract_lib.builders(run).items():
+  for name, builder in _chosen(abstract_lib.builders(run), config.compile.programs).items():
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):  # the activations' batch constraints (`sharding.constrain_batch`) read it
       program = builder(run)
@@ -85,7 +85,18 @@ def compile_report(config) -> dict:
       "roofline_step_seconds": sum(e.get("roofline_seconds", 0.0) for e in entries.values()),
       "trainable_params": abstract_lib.num_params(run.trained()),
       "auto": {c.key: {"value": c.value, "why": c.why} for c in run.choices},
+      **({"programs_compiled": list(entries)} if config.compile.programs.strip(", ") else {}),
   }
+
+
+def _chosen(builders: dict, names: str) -> dict:
+  """The builders `config.compile.programs` names ("" or only commas: all of them); UserError for another name."""
+  chosen = [n.strip() for n in names.split(",") if n.strip()]
+  unknown = [n for n in chosen if n not in builders]
+  if unknown:
+    raise UserError(f"config.compile.programs={names!r}: this run has no program {', '.join(map(repr, unknown))}; "
+                    f"its programs are {list(builders)}")
+  return {n: b for n, b in builders.items() if not chosen or n in chosen}
 
 
 def program_report(program, resident: int, flops: float | None, slice_) -> dict:

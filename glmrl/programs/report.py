@@ -154,6 +154,8 @@ def table(report: dict) -> str:
           f"{name} refused by the compiler" for name, p in report["programs"].items()
           if p.get("peak_bytes_per_chip", 0) > hbm or p.get("fits") is False]
   verdict = "fits" if report["fits"] else "does not fit" + (f" ({'; '.join(over)})" if over else "")
+  if report.get("programs_compiled"):  # config.compile.programs named some: the verdict is theirs
+    verdict += f" (compiled: {', '.join(report['programs_compiled'])} only)"
   rows = [f"**{report['topology']}** ({chips}, {gib(hbm)} GiB HBM each): "
           f"{verdict}, peak {gib(report['peak_bytes_per_chip'])} GiB per chip "
           f"({100 * report['peak_bytes_per_chip'] / hbm:.0f}% of HBM)", "",

@@ -14,11 +14,12 @@ Config entry:
 from __future__ import annotations
 
 import math
+import os
 
 import jax.numpy as jnp
 import numpy as np
 
-from glmrl.rewards.registry import ModelReward, check_images, register_factory
+from glmrl.rewards.registry import AbstractReward, ModelReward, check_images, register_factory
 
 NAME = "clip_score"
 TEXT_EMBEDS = "clip_score/text_embeds"
@@ -83,6 +84,37 @@ def load_similarity_reward(name: str, text_key: str, ckpt_dir: str, scale: float
   return similarity_reward(name, text_key, embedder, scale, logit_scale=logit_scale)
 
 
+def abstract_similarity(name: str, text_key: str, ckpt_dir, released, scale: float, *, logit_scale: bool = False,
+                        processing=None) -> AbstractReward:
+  """`similarity_reward`'s model as shapes (--mode=compile): the architecture of the converted folder `ckpt_dir`
+  when it holds one, else the `released` ClipConfig; `processing(image_size)`: the reward's own preprocessing
+  (default: the folder's, or CLIPImageProcessor's at the tower's size)."""
+  from flax import nnx
+
+  from glmrl.checkpoint.params import CONFIG_NAME, read_config
+  from glmrl.models.clip.checkpoint import load_image_processing
+  from glmrl.models.clip.config import ClipConfig
+  from glmrl.models.clip.embedder import ClipEmbedder
+  from glmrl.models.clip.model import ClipModel
+  from glmrl.models.clip.preprocess import ImageProcessing
+  from glmrl.models.init_rngs import InitRngs
+
+  scale = _check_scale(name, scale)
+  folder = isinstance(ckpt_dir, str) and os.path.isfile(os.path.join(ckpt_dir, CONFIG_NAME))
+  cfg = read_config(ckpt_dir, ClipConfig.from_hf, "a converted CLIP folder") if folder else released
+  size = cfg.vision.image_size
+  if processing is not None:
+    steps = processing(size)
+  elif folder:
+    steps = load_image_processing(ckpt_dir)
+  else:
+    steps = ImageProcessing(shortest_edge=size, crop_height=size, crop_width=size)
+  module = nnx.eval_shape(lambda: ClipModel(cfg, rngs=InitRngs(0)))
+  return AbstractReward(module, lambda model: similarity_reward(name, text_key, ClipEmbedder(model, steps), scale,
+                                                                logit_scale=logit_scale),
+                        {text_key: ((cfg.projection_dim,), jnp.float32)})
+
+
 def make_clip_score(embedder, scale: float = 100.0) -> ModelReward:
   """The reward for a loaded `ClipEmbedder`."""
   return similarity_reward(NAME, TEXT_EMBEDS, embedder, scale)
@@ -94,4 +126,11 @@ def clip_score_factory(ckpt_dir: str, scale: float = 100.0, tokenizer_dir: str |
   return load_similarity_reward(NAME, TEXT_EMBEDS, ckpt_dir, scale, tokenizer_dir, sharding)
 
 
-register_factory(NAME, clip_score_factory, pure_jax=True)
+def clip_score_abstract(ckpt_dir=None, scale: float = 100.0, tokenizer_dir=None) -> AbstractReward:
+  """openai/clip-vit-large-patch14's layout unless `ckpt_dir` holds a converted folder."""
+  from glmrl.models.clip.config import ClipConfig
+
+  return abstract_similarity(NAME, TEXT_EMBEDS, ckpt_dir, ClipConfig.full(), scale)
+
+
+register_factory(NAME, clip_score_factory, pure_jax=True, abstract=clip_score_abstract)

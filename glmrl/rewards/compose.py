@@ -29,6 +29,18 @@ from glmrl.rewards import registry
 ENTRY_KEYS = ("name", "weight", "normalize", "kwargs")
 
 
+def weighted_total(entries, components: Mapping[str, Any], group_size: int | None, std_eps: float):
+  """sum of weight * score over `entries` ({name, weight, normalize}), each score standardised per group of
+  `group_size` first where its entry says `normalize` (`group_normalize`)."""
+  total = 0.0
+  for e in entries:
+    s = jnp.asarray(components[e["name"]], jnp.float32)
+    if e.get("normalize", False):
+      s = group_normalize(s, group_size, std_eps)
+    total = total + float(e["weight"]) * s
+  return total
+
+
 def group_normalize(scores, group_size: int, std_eps=advantages_lib.STD_EPS):
   """Standardises scores[B] within consecutive groups; constant and near-constant groups give exactly 0.
 
@@ -142,13 +154,7 @@ class RewardComposer:
   def combine(self, components: Mapping[str, Any]):
     """Weighted sum of the components, each standardised per group first where configured
     (`group_normalize` with this composer's near-constant threshold `std_eps`)."""
-    total = 0.0
-    for e in self.entries:
-      s = jnp.asarray(components[e["name"]], jnp.float32)
-      if e["normalize"]:
-        s = group_normalize(s, self.group_size, self.std_eps)
-      total = total + e["weight"] * s
-    return total
+    return weighted_total(self.entries, components, self.group_size, self.std_eps)
 
   def _host_components(self, images, prompts, metadata) -> dict:
     """Host-side rewards as device arrays; in a multi-process run each process scores its own samples

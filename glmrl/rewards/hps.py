@@ -16,8 +16,8 @@ from __future__ import annotations
 from glmrl.checkpoint.params import read_config
 from glmrl.models.clip.config import ClipConfig
 from glmrl.models.clip.preprocess import ImageProcessing
-from glmrl.rewards.clip_score import load_similarity_reward, similarity_reward
-from glmrl.rewards.registry import ModelReward, register_factory
+from glmrl.rewards.clip_score import abstract_similarity, load_similarity_reward, similarity_reward
+from glmrl.rewards.registry import AbstractReward, ModelReward, register_factory
 
 NAME = "hps"
 TEXT_EMBEDS = "hps/text_embeds"
@@ -44,4 +44,9 @@ def hps_factory(ckpt_dir: str, scale: float = 1.0, tokenizer_dir: str | None = N
                                 processing=preprocessing(image_size))
 
 
-register_factory(NAME, hps_factory, pure_jax=True)
+def hps_abstract(ckpt_dir=None, scale: float = 1.0, tokenizer_dir=None) -> AbstractReward:
+  """HPS v2.1's layout (OpenCLIP ViT-H/14, as converted) unless `ckpt_dir` holds a converted folder."""
+  return abstract_similarity(NAME, TEXT_EMBEDS, ckpt_dir, ClipConfig.vit_h14(), scale, processing=preprocessing)
+
+
+register_factory(NAME, hps_factory, pure_jax=True, abstract=hps_abstract)

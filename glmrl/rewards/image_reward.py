@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from glmrl.models.clip.preprocess import ImageProcessing, preprocess
 from glmrl.models.clip.tokenizer import PromptTokenizer
-from glmrl.rewards.registry import ModelReward, check_images, register_factory
+from glmrl.rewards.registry import AbstractReward, ModelReward, check_images, register_factory
 
 NAME = "image_reward"
 PROMPT_IDS, PROMPT_MASK = "image_reward/prompt_ids", "image_reward/prompt_mask"
@@ -46,7 +46,7 @@ def bert_tokenizer(directory: str, max_length: int) -> PromptTokenizer:
   return PromptTokenizer(BertTokenizerFast.from_pretrained(directory), max_length)
 
 
-def make_image_reward(model, tokenizer: PromptTokenizer, processing: ImageProcessing) -> ModelReward:
+def make_image_reward(model, tokenizer: PromptTokenizer | None, processing: ImageProcessing) -> ModelReward:
   """The reward of a loaded `ImageRewardModel`: prompts tokenized on the host (`prepare`), or here when they are
   given (outside jit, or as Python strings under it)."""
 
@@ -89,4 +89,21 @@ def image_reward_factory(ckpt_dir: str, tokenizer_dir: str, *, sharding=None) ->
   return make_image_reward(model, tokenizer, preprocessing(model.cfg.vision.image_size))
 
 
-register_factory(NAME, image_reward_factory, pure_jax=True)
+def image_reward_abstract(ckpt_dir=None, tokenizer_dir=None) -> AbstractReward:
+  """The released ImageReward's layout unless `ckpt_dir` holds a converted folder (--mode=compile)."""
+  from flax import nnx
+
+  from glmrl.checkpoint.params import CONFIG_NAME, read_config
+  from glmrl.models.blip.config import ImageRewardConfig
+  from glmrl.models.blip.model import ImageRewardModel
+  from glmrl.models.init_rngs import InitRngs
+
+  folder = isinstance(ckpt_dir, str) and os.path.isfile(os.path.join(ckpt_dir, CONFIG_NAME))
+  cfg = read_config(ckpt_dir, ImageRewardConfig.from_hf, HOW_TO_MAKE) if folder else ImageRewardConfig.full()
+  module = nnx.eval_shape(lambda: ImageRewardModel(cfg, rngs=InitRngs(0)))
+  row = ((cfg.max_prompt_tokens,), jnp.int32)
+  return AbstractReward(module, lambda model: make_image_reward(model, None, preprocessing(cfg.vision.image_size)),
+                        {PROMPT_IDS: row, PROMPT_MASK: row})
+
+
+register_factory(NAME, image_reward_factory, pure_jax=True, abstract=image_reward_abstract)

@@ -15,8 +15,8 @@ tokenizer and preprocessing are laion/CLIP-ViT-H-14-laion2B-s32B-b79K's, so pass
 
 from __future__ import annotations
 
-from glmrl.rewards.clip_score import load_similarity_reward, similarity_reward
-from glmrl.rewards.registry import ModelReward, register_factory
+from glmrl.rewards.clip_score import abstract_similarity, load_similarity_reward, similarity_reward
+from glmrl.rewards.registry import AbstractReward, ModelReward, register_factory
 
 NAME = "pickscore"
 TEXT_EMBEDS = "pickscore/text_embeds"
@@ -34,4 +34,11 @@ def pickscore_factory(ckpt_dir: str, scale: float = 1.0, tokenizer_dir: str | No
   return load_similarity_reward(NAME, TEXT_EMBEDS, ckpt_dir, scale, tokenizer_dir, sharding, logit_scale=True)
 
 
-register_factory(NAME, pickscore_factory, pure_jax=True)
+def pickscore_abstract(ckpt_dir=None, scale: float = 1.0, tokenizer_dir=None) -> AbstractReward:
+  """PickScore_v1's layout (OpenCLIP ViT-H/14) unless `ckpt_dir` holds a converted folder."""
+  from glmrl.models.clip.config import ClipConfig
+
+  return abstract_similarity(NAME, TEXT_EMBEDS, ckpt_dir, ClipConfig.vit_h14(), scale, logit_scale=True)
+
+
+register_factory(NAME, pickscore_factory, pure_jax=True, abstract=pickscore_abstract)

@@ -46,6 +46,16 @@ class ModelReward:
 
 
 @dataclasses.dataclass(frozen=True)
+class AbstractReward:
+  """A model-backed reward's model as shapes, for `--mode=compile` (no weights read): `module` built abstractly
+  (`nnx.eval_shape`), `make(module)` the reward of that module once its parameters are given (traced ones
+  included), `prepared` what its `prepare` adds per prompt ({key: (shape of one row, dtype)})."""
+  module: Any
+  make: Callable[[Any], ModelReward]
+  prepared: Mapping[str, tuple[tuple[int, ...], Any]]
+
+
+@dataclasses.dataclass(frozen=True)
 class Reward:
   """A registered reward; for a model-backed one (`model_backed=True`) `fn` is its factory."""
   name: str
@@ -53,6 +63,9 @@ class Reward:
   pure_jax: bool
   model_backed: bool = False
   needs: tuple[str, ...] = ()  # metadata keys every prompt must supply (e.g. "target_image")
+  # A model-backed pure-JAX reward's `AbstractReward` from its config kwargs (the factory's, without `sharding`);
+  # None where --mode=compile cannot build it.
+  abstract: Callable[..., AbstractReward] | None = None
 
   def __call__(self, images, prompts, metadata, **kwargs):
     if self.model_backed:
@@ -117,10 +130,12 @@ def register(name: str, fn: RewardFn, *, pure_jax: bool, replace: bool = False, 
 
 
 def register_factory(name: str, factory: Callable[..., Any], *, pure_jax: bool,
-                     replace: bool = False, needs: tuple[str, ...] = ()) -> Callable[..., Any]:
-  """Registers a model-backed reward: `factory(**kwargs)` -> reward fn or ModelReward (see module doc)."""
+                     replace: bool = False, needs: tuple[str, ...] = (),
+                     abstract: Callable[..., AbstractReward] | None = None) -> Callable[..., Any]:
+  """Registers a model-backed reward: `factory(**kwargs)` -> reward fn or ModelReward (see module doc);
+  `abstract(**kwargs)` -> its `AbstractReward`, for --mode=compile."""
   register(name, factory, pure_jax=pure_jax, replace=replace, needs=needs)
-  _REGISTRY[name] = dataclasses.replace(_REGISTRY[name], model_backed=True)
+  _REGISTRY[name] = dataclasses.replace(_REGISTRY[name], model_backed=True, abstract=abstract)
   return factory
 
 
