@@ -74,13 +74,15 @@ def similarity_reward(name: str, text_key: str, embedder, scale: float, *, logit
 
 
 def load_similarity_reward(name: str, text_key: str, ckpt_dir: str, scale: float, tokenizer_dir: str | None,
-                           sharding, *, logit_scale: bool = False, processing=None) -> ModelReward:
+                           sharding, *, logit_scale: bool = False, processing=None, text_clean=None) -> ModelReward:
   """`similarity_reward` of a converted CLIP folder, loaded once per (folder, sharding, preprocessing);
-  `processing`: the reward's own `ImageProcessing` (default: the folder's)."""
+  `processing`: the reward's own `ImageProcessing` (default: the folder's); `text_clean`: its own text cleaning
+  before tokenizing."""
   from glmrl.models.clip.embedder import cached_embedder
 
   _check_scale(name, scale)
-  embedder = cached_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir, sharding=sharding, processing=processing)
+  embedder = cached_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir, sharding=sharding, processing=processing,
+                             text_clean=text_clean)
   return similarity_reward(name, text_key, embedder, scale, logit_scale=logit_scale)
 
 

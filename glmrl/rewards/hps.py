@@ -13,6 +13,9 @@ folder as `tokenizer_dir`:
 
 from __future__ import annotations
 
+import html
+import re
+
 from glmrl.checkpoint.params import read_config
 from glmrl.models.clip.config import ClipConfig
 from glmrl.models.clip.preprocess import ImageProcessing
@@ -31,6 +34,16 @@ def preprocessing(image_size: int) -> ImageProcessing:
                          do_center_crop=False)
 
 
+def open_clip_text(text: str) -> str:
+  """OpenCLIP's text cleaning before its BPE (`open_clip.tokenizer`: ftfy's fixes, HTML entities unescaped twice,
+  runs of whitespace to one space, lower case), which hpsv2 tokenizes with and transformers' CLIP tokenizer does not
+  do ("Tom &amp; Jerry" is "tom & jerry" to HPS; mojibake like "Ã©cole" is "école")."""
+  import ftfy
+
+  text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
+  return re.sub(r"\s+", " ", text).strip().lower()
+
+
 def make_hps(embedder, scale: float = 1.0) -> ModelReward:
   """The reward for a loaded `ClipEmbedder` of HPS v2.1 (built with `preprocessing`)."""
   return similarity_reward(NAME, TEXT_EMBEDS, embedder, scale)
@@ -41,7 +54,7 @@ def hps_factory(ckpt_dir: str, scale: float = 1.0, tokenizer_dir: str | None = N
   """Loads (once per folder and sharding) the converted HPS v2.1 CLIP, with HPS' preprocessing."""
   image_size = read_config(ckpt_dir, ClipConfig.from_hf, HOW_TO_MAKE).vision.image_size
   return load_similarity_reward(NAME, TEXT_EMBEDS, ckpt_dir, scale, tokenizer_dir, sharding,
-                                processing=preprocessing(image_size))
+                                processing=preprocessing(image_size), text_clean=open_clip_text)
 
 
 def hps_abstract(ckpt_dir=None, scale: float = 1.0, tokenizer_dir=None) -> AbstractReward:

@@ -4,8 +4,10 @@ open_clip's own `CLIP`, saved as HPS releases its checkpoint, and the HPS scores
     python -m tests.rewards.open_clip_oracle --out=DIR
 
 Writes DIR/hps.pt ({"state_dict": ...}), DIR/model_config.json (open_clip's model config layout),
-DIR/reference.npz (per image size: the uint8 images, the prompts' token ids and `hpsv2.score`'s formula on them)
-and DIR/counts.json (parameters of open_clip's ViT-H-14 and of the tiny model, built on the meta device).
+DIR/reference.npz (per image size: the uint8 images, the prompts' token ids and `hpsv2.score`'s formula on them),
+DIR/counts.json (parameters of open_clip's ViT-H-14 and of the tiny model, built on the meta device),
+DIR/text_ids.npy (`TEXT_PROMPTS` tokenized by open_clip's own tokenizer) and DIR/open_clip_tokenizer/ (its
+vocabulary and merges as a transformers tokenizer folder).
 
 Run in a process of its own: open_clip imports torchvision at import time, and PyPI has no torchvision build for
 a CPU-only torch on Linux (its wheel needs CUDA's libraries). torchvision's transforms are not used here, so this
@@ -32,6 +34,13 @@ MODEL_CONFIG = {"embed_dim": 24,
 # (height, width) of each batch: downscaled square, downscaled and padded on both axes, upscaled.
 SIZES = ((40, 40), (45, 30), (20, 26))
 PROMPTS = ["a dog", "the cat and the dog", "cat", "and the dog and the cat and the dog"]
+# What OpenCLIP's tokenizer cleans (HTML entities, mojibake, whitespace, case) or cuts (past 77 tokens), beside text
+# any tokenizer keeps: tokenized by open_clip with its released vocabulary, as hpsv2 tokenizes a prompt.
+TEXT_PROMPTS = ["a dog", "Tom &amp; Jerry", "&lt;b&gt;bold&lt;/b&gt;", "Ã©cole", "café crème brûlée",
+                "  many   spaces\nand\tnewlines ", 'A RED Sign That Says "HELLO"', "don't!! stop...",
+                "1024x1024 4k photo", "一只猫", "emoji 🐱🚀", " ".join(["word"] * 100)]
+# open_clip's names of the start and end tokens -> transformers' (the same ids).
+SPECIAL_TOKENS = {"<start_of_text>": "<|startoftext|>", "<end_of_text>": "<|endoftext|>"}
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -117,6 +126,18 @@ def main():
       arrays[f"images_{h}x{w}"] = images
       arrays[f"scores_{h}x{w}"] = torch.diagonal(image @ text.T).numpy()  # hpsv2.score's formula
   np.savez(os.path.join(out, "reference.npz"), **arrays)
+
+  # open_clip's tokenizer as hpsv2 uses it (the released BPE it ships, 77 tokens), and its vocabulary and merges
+  # written as a transformers CLIP tokenizer folder.
+  tokenizer = open_clip.get_tokenizer("ViT-H-14")
+  np.save(os.path.join(out, "text_ids.npy"), tokenizer(TEXT_PROMPTS).numpy())
+  folder = os.path.join(out, "open_clip_tokenizer")
+  os.makedirs(folder)
+  with open(os.path.join(folder, "vocab.json"), "w") as f:
+    json.dump({SPECIAL_TOKENS.get(k, k): v for k, v in tokenizer.encoder.items()}, f)
+  merges = sorted(tokenizer.bpe_ranks.items(), key=lambda kv: kv[1])
+  with open(os.path.join(folder, "merges.txt"), "w") as f:
+    f.write("#version: 0.2\n" + "".join(" ".join(pair) + "\n" for pair, _ in merges))
 
   with torch.device("meta"):
     counts = {"ViT-H-14": sum(p.numel() for p in open_clip.model.CLIP(

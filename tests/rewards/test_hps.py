@@ -18,10 +18,12 @@ from flax import nnx
 from checkpoints_convert import hps as hps_convert
 from glmrl.models.clip import ClipModel
 from glmrl.models.init_rngs import InitRngs
+from glmrl.models.clip.tokenizer import PromptTokenizer
 from glmrl.rewards import RewardComposer
+from glmrl.rewards import hps
 from tests.models.clip import tiny
 from tests.rewards import preference_models
-from tests.rewards.open_clip_oracle import PROMPTS, SIZES
+from tests.rewards.open_clip_oracle import PROMPTS, SIZES, TEXT_PROMPTS
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,26 @@ def test_scores_are_open_clips_hps_scores(oracle):
     want = reference[f"scores_{h}x{w}"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=f"{h}x{w}")
   assert np.ptp(want) > 0.1  # the prompts and images are told apart
+
+
+def test_prompts_are_tokenized_as_open_clip_tokenizes_them(oracle):
+  """hpsv2 tokenizes with open_clip's own tokenizer; the reward with transformers' CLIP tokenizer on the same
+  vocabulary and merges, after OpenCLIP's text cleaning (`hps.open_clip_text`). Every id up to the end token
+  equal, on prompts with HTML entities, mojibake, accents, runs of whitespace, capitals, CJK, emoji and more than
+  77 tokens; without the cleaning the entities and the mojibake come out otherwise."""
+  out, _, _ = oracle
+  want = np.load(out / "text_ids.npy")
+  ends = [int(np.argmax(row == row.max())) + 1 for row in want]  # the end token has the largest id
+  assert max(ends) == 77  # the long prompt is cut, its end token kept
+  cleaned = PromptTokenizer.from_pretrained(str(out / "open_clip_tokenizer"), 77, clean=hps.open_clip_text)
+  plain = PromptTokenizer.from_pretrained(str(out / "open_clip_tokenizer"), 77)
+  ids, mask = cleaned(TEXT_PROMPTS)
+  for prompt, got, valid, row, end in zip(TEXT_PROMPTS, ids, mask, want, ends):
+    np.testing.assert_array_equal(got[:end], row[:end], err_msg=repr(prompt))
+    assert valid.sum() == end, prompt
+  differ = [p for p, got, row, end in zip(TEXT_PROMPTS, plain(TEXT_PROMPTS)[0], want, ends)
+            if not np.array_equal(got[:end], row[:end])]
+  assert differ == ["Tom &amp; Jerry", "&lt;b&gt;bold&lt;/b&gt;", "Ã©cole"]
 
 
 def _parameters(cfg) -> int:

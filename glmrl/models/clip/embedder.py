@@ -106,10 +106,12 @@ class ClipEmbedder:
 
 
 def load_embedder(ckpt_dir: str, *, tokenizer_dir: str | None = None, sharding=None,
-                  processing: ImageProcessing | None = None, **config_overrides) -> ClipEmbedder:
+                  processing: ImageProcessing | None = None, text_clean: Callable[[str], str] | None = None,
+                  **config_overrides) -> ClipEmbedder:
   """A ClipEmbedder from a converted CLIP folder; the tokenizer (files in `tokenizer_dir`, default
   `ckpt_dir`) is loaded on the first `text_embeds` call, so image-only users never need it.
-  `processing`: the reward's own preprocessing (HPS v2.1's), else the folder's. `sharding` and
+  `processing`: the reward's own preprocessing (HPS v2.1's), else the folder's; `text_clean`: its own text
+  cleaning before tokenizing (`PromptTokenizer`'s `clean`). `sharding` and
   `config_overrides` go to `load_clip`."""
   from glmrl.models.clip.checkpoint import load_clip, load_image_processing
 
@@ -119,19 +121,22 @@ def load_embedder(ckpt_dir: str, *, tokenizer_dir: str | None = None, sharding=N
   model = load_clip(ckpt_dir, sharding, **config_overrides)
   max_length = model.cfg.text.max_position_embeddings
   return ClipEmbedder(model, processing or load_image_processing(ckpt_dir),
-                      lambda: PromptTokenizer.from_pretrained(tokenizer_dir or ckpt_dir, max_length))
+                      lambda: PromptTokenizer.from_pretrained(tokenizer_dir or ckpt_dir, max_length, clean=text_clean))
 
 
 @functools.lru_cache(maxsize=4)
-def _cached(ckpt_dir: str, tokenizer_dir: str | None, sharding, processing) -> ClipEmbedder:
-  return load_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir, sharding=sharding, processing=processing)
+def _cached(ckpt_dir: str, tokenizer_dir: str | None, sharding, processing, text_clean) -> ClipEmbedder:
+  return load_embedder(ckpt_dir, tokenizer_dir=tokenizer_dir, sharding=sharding, processing=processing,
+                       text_clean=text_clean)
 
 
 def cached_embedder(ckpt_dir: str, *, tokenizer_dir: str | None = None, sharding=None,
-                    processing: ImageProcessing | None = None) -> ClipEmbedder:
+                    processing: ImageProcessing | None = None,
+                    text_clean: Callable[[str], str] | None = None) -> ClipEmbedder:
   """`load_embedder`, once per (folder, sharding): rewards that share a CLIP (the CLIP score and the
   aesthetic predictor both read ViT-L/14) share one copy of its weights and its prompt cache, and
   weights placed for one mesh are never handed to code running on another."""
   if not isinstance(ckpt_dir, str) or not ckpt_dir:
     raise ValueError(f"CLIP ckpt_dir={ckpt_dir!r} must name a converted CLIP folder")
-  return _cached(os.path.abspath(ckpt_dir), tokenizer_dir and os.path.abspath(tokenizer_dir), sharding, processing)
+  return _cached(os.path.abspath(ckpt_dir), tokenizer_dir and os.path.abspath(tokenizer_dir), sharding, processing,
+                 text_clean)

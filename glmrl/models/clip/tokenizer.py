@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -16,10 +16,12 @@ class PromptTokenizer:
   attention and end-token pooling the padding does not change the pooled embedding.
   """
 
-  def __init__(self, tokenizer, max_length: int, cache_size: int = 65536):
+  def __init__(self, tokenizer, max_length: int, cache_size: int = 65536, clean: Callable[[str], str] | None = None):
+    """`clean`: the reference's own text cleaning before the tokenizer's (HPS v2.1's is OpenCLIP's)."""
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
       raise ValueError(f"max_length={max_length!r} must be an int >= 2 (start and end tokens)")
     self.tokenizer = tokenizer
+    self.clean = clean
     self.max_length = max_length
     self.cache_size = cache_size
     self._cache: collections.OrderedDict[str, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
@@ -44,7 +46,8 @@ class PromptTokenizer:
     if hit is not None:
       self._cache.move_to_end(prompt)
       return hit
-    enc = self.tokenizer(prompt, padding="max_length", truncation=True, max_length=self.max_length)
+    text = self.clean(prompt) if self.clean is not None else prompt
+    enc = self.tokenizer(text, padding="max_length", truncation=True, max_length=self.max_length)
     ids = np.asarray(enc["input_ids"], np.int32)
     mask = np.asarray(enc["attention_mask"], np.int32)
     if ids.shape != (self.max_length,):
