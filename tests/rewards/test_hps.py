@@ -50,6 +50,28 @@ def test_scores_are_open_clips_hps_scores(oracle):
   assert np.ptp(want) > 0.1  # the prompts and images are told apart
 
 
+def test_the_converted_folder_exports_back_to_the_tensors_it_was_converted_from(oracle, tmp_path):
+  """The round trip: the converted folder, exported by the `clip` component (the path `--to_hf` takes), gives back
+  bit for bit the CLIPModel tensors `checkpoints_convert.hps` made of the OpenCLIP checkpoint (renamed, in_proj
+  split, projections transposed), every one of them."""
+  import safetensors.numpy
+
+  from checkpoints_convert import component_export, components
+  from checkpoints_convert.clip import COMPONENT
+  from glmrl.checkpoint.params import PARAMS_DIR
+
+  out, converted, _ = oracle
+  component = components.get(COMPONENT)
+  config = json.loads((converted / "config.json").read_text())
+  component_export.export_component(component, str(converted / PARAMS_DIR), config, str(tmp_path))
+  back = safetensors.numpy.load_file(str(tmp_path / component.weights_name))
+  made = hps_convert.openclip_to_clipmodel(hps_convert.read_state_dict(str(out / "hps.pt")))
+  assert set(back) == set(made)
+  for key, (shape, dtype, read) in made.items():
+    np.testing.assert_array_equal(back[key], read(), err_msg=key)
+    assert back[key].shape == shape and back[key].dtype == dtype, key
+
+
 def test_prompts_are_tokenized_as_open_clip_tokenizes_them(oracle):
   """hpsv2 tokenizes with open_clip's own tokenizer; the reward with transformers' CLIP tokenizer on the same
   vocabulary and merges, after OpenCLIP's text cleaning (`hps.open_clip_text`). Every id up to the end token
