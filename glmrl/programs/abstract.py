@@ -148,9 +148,10 @@ class AbstractRun(plan_lib.PlanView):
     }
     if averages:
       out["ema"] = report_lib.bytes_per_chip(averages)
-    models = {id(m[2]): m[2] for by_name in self.reward_models.values() for m in by_name.values()}
-    if models:
-      out["reward_models"] = report_lib.bytes_per_chip(tuple(models.values()))
+    # One entry per reward model (`reward:<name>`), each counted once however many policies score with it.
+    models = {id(m[2]): (name, m[2]) for by_name in self.reward_models.values() for name, m in by_name.items()}
+    for name, state in models.values():
+      out[f"reward:{name}"] = out.get(f"reward:{name}", 0) + report_lib.bytes_per_chip(state)
     return out
 
 

@@ -56,7 +56,9 @@ def test_the_abstract_rewards_program_scores_as_the_run(config):
   for name, (_, _, abstract_state) in models.items():
     assert jax.tree.map(lambda x: (x.shape, x.dtype), abstract_state) == \
         jax.tree.map(lambda x: (x.shape, x.dtype), states[name]), name
-  assert run.resident_bytes()["reward_models"] == report_lib.bytes_per_chip(tuple(states.values())) > 0
+  resident = run.resident_bytes()
+  for name, state in states.items():
+    assert resident[f"reward:{name}"] == report_lib.bytes_per_chip(state) > 0, name
 
   b = run.images
   rng = np.random.default_rng(0)
@@ -77,8 +79,10 @@ def test_only_the_named_programs_compile_and_a_wrong_name_is_refused(config):
   c.compile.programs = "rewards"
   report = mode_lib.compile_report(c)
   assert set(report["programs"]) == {"rewards"} and report["programs_compiled"] == ["rewards"]
-  assert report["state_bytes_per_chip"]["reward_models"] > 0
-  assert report["programs"]["rewards"]["argument_bytes"] >= report["state_bytes_per_chip"]["reward_models"]
+  resident = report["state_bytes_per_chip"]
+  assert resident["reward:hps"] > 0 and resident["reward:image_reward"] > 0
+  # The program reads the models' image parts: HPS' text tower embeds prompts on the host's cache, outside it.
+  assert report["programs"]["rewards"]["argument_bytes"] >= resident["reward:image_reward"]
   assert "(compiled: rewards only)" in report_lib.table(report)
   c.compile.programs = "rewards,decoder_update"
   with pytest.raises(UserError, match=r"config.compile.programs='rewards,decoder_update': this run has no program "
