@@ -159,6 +159,11 @@ def restore_params(directory: str, abstract_state, shardings) -> nnx.State:
   return state
 
 
+def holds_config(directory, name: str = CONFIG_NAME) -> bool:
+  """Whether `directory` (a path, or None when a config leaves it unset) is a folder with `name` in it."""
+  return isinstance(directory, str) and os.path.isfile(os.path.join(directory, name))
+
+
 def read_config(directory: str, from_hf: Callable[[dict], Any], hint: str, name: str = CONFIG_NAME):
   """`from_hf` of `directory`/`name`; FileNotFoundError with `hint` (how to make the folder) when absent."""
   path = os.path.join(directory, name)

@@ -119,7 +119,7 @@ class AbstractRun(plan_lib.PlanView):
     out, built = {}, {}
     for name, policy in self.policies.items():
       out[name] = {}
-      for entry in _entries(policy.rewards(self.request)[0]):
+      for entry in compose_lib.config_entries(policy.rewards(self.request)[0]):
         reward = reward_registry.get(entry["name"])
         if reward.abstract is None:
           continue
@@ -256,10 +256,6 @@ def decoder(run: AbstractRun) -> Program:
   return Program("decoder", lowered, (dit_state, vae_state), calls=run.images // chunk)
 
 
-def _entries(config_entries) -> list[dict]:
-  return [dict(e.to_dict() if hasattr(e, "to_dict") else e) for e in config_entries]
-
-
 def placed_replicated(state, mesh):
   """`state`'s shapes replicated on `mesh` (where the run loads a reward model's weights)."""
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -273,9 +269,7 @@ def rewards(run: AbstractRun, policy: str) -> Program | str:
   cfg, mesh, b = run.config, run.mesh, run.images
   trained = run.policies[policy]
   config_entries, group = trained.rewards(run.request)
-  entries = _entries(config_entries)
-  if cfg.normalize_rewards_per_group:  # as train.setup.reward_composer
-    entries = [dict(e, normalize=True) for e in entries]
+  entries = compose_lib.config_entries(config_entries, cfg.normalize_rewards_per_group)
   models = run.reward_models[policy]
   backed = [e["name"] for e in entries if reward_registry.get(e["name"]).model_backed]
   unbuilt = [name for name in backed if name not in models]

@@ -14,7 +14,6 @@ Config entry:
 from __future__ import annotations
 
 import math
-import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -93,7 +92,7 @@ def abstract_similarity(name: str, text_key: str, ckpt_dir, released, scale: flo
   (default: the folder's, or CLIPImageProcessor's at the tower's size)."""
   from flax import nnx
 
-  from glmrl.checkpoint.params import CONFIG_NAME, read_config
+  from glmrl.checkpoint.params import holds_config, read_config
   from glmrl.models.clip.checkpoint import load_image_processing
   from glmrl.models.clip.config import ClipConfig
   from glmrl.models.clip.embedder import ClipEmbedder
@@ -102,7 +101,7 @@ def abstract_similarity(name: str, text_key: str, ckpt_dir, released, scale: flo
   from glmrl.models.init_rngs import InitRngs
 
   scale = _check_scale(name, scale)
-  folder = isinstance(ckpt_dir, str) and os.path.isfile(os.path.join(ckpt_dir, CONFIG_NAME))
+  folder = holds_config(ckpt_dir)
   cfg = read_config(ckpt_dir, ClipConfig.from_hf, "a converted CLIP folder") if folder else released
   size = cfg.vision.image_size
   if processing is not None:

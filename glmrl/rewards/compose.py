@@ -29,6 +29,13 @@ from glmrl.rewards import registry
 ENTRY_KEYS = ("name", "weight", "normalize", "kwargs")
 
 
+def config_entries(rewards, normalize_all: bool = False) -> list[dict]:
+  """A config's reward entries as plain dicts (ConfigDicts converted), each standardised per group when
+  `normalize_all` (config.normalize_rewards_per_group): what the run's composer and --mode=compile both score."""
+  entries = [dict(e.to_dict() if hasattr(e, "to_dict") else e) for e in rewards]
+  return [dict(e, normalize=True) for e in entries] if normalize_all else entries
+
+
 def weighted_total(entries, components: Mapping[str, Any], group_size: int | None, std_eps: float):
   """sum of weight * score over `entries` ({name, weight, normalize}), each score standardised per group of
   `group_size` first where its entry says `normalize` (`group_normalize`)."""

@@ -93,13 +93,13 @@ def image_reward_abstract(ckpt_dir=None, tokenizer_dir=None) -> AbstractReward:
   """The released ImageReward's layout unless `ckpt_dir` holds a converted folder (--mode=compile)."""
   from flax import nnx
 
-  from glmrl.checkpoint.params import CONFIG_NAME, read_config
+  from glmrl.checkpoint.params import holds_config, read_config
   from glmrl.models.blip.config import ImageRewardConfig
   from glmrl.models.blip.model import ImageRewardModel
   from glmrl.models.init_rngs import InitRngs
 
-  folder = isinstance(ckpt_dir, str) and os.path.isfile(os.path.join(ckpt_dir, CONFIG_NAME))
-  cfg = read_config(ckpt_dir, ImageRewardConfig.from_hf, HOW_TO_MAKE) if folder else ImageRewardConfig.full()
+  cfg = read_config(ckpt_dir, ImageRewardConfig.from_hf, HOW_TO_MAKE) if holds_config(ckpt_dir) else \
+      ImageRewardConfig.full()
   module = nnx.eval_shape(lambda: ImageRewardModel(cfg, rngs=InitRngs(0)))
   row = ((cfg.max_prompt_tokens,), jnp.int32)
   return AbstractReward(module, lambda model: make_image_reward(model, None, preprocessing(cfg.vision.image_size)),

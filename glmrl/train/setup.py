@@ -22,6 +22,7 @@ from glmrl.models.ar import tokenizer as word_tokenizer
 from glmrl.models.ar.prompt import PromptProcessor
 from glmrl.policy.state import build_state, num_params
 from glmrl.rewards import RewardComposer
+from glmrl.rewards import compose as compose_lib
 from glmrl.rewards import registry as reward_registry
 from glmrl.sampling.logprobs import sampling_config
 from glmrl.sampling.pipeline import GlmImagePipeline, PipelineSpec, check_glyph_fits
@@ -149,9 +150,7 @@ def processors(config, configs, texts):
 def reward_composer(config, mesh, rewards=None, group_size: int | None = None) -> RewardComposer:
   """The configured rewards (`rewards`: config.rewards by default); model-backed ones load their weights
   replicated on the mesh. `group_size`: the rows a per-group normalisation spans (default grpo.group_size)."""
-  entries = [dict(e.to_dict() if hasattr(e, "to_dict") else e) for e in (rewards or config.rewards)]
-  if config.normalize_rewards_per_group:
-    entries = [dict(e, normalize=True) for e in entries]
+  entries = compose_lib.config_entries(rewards or config.rewards, config.normalize_rewards_per_group)
   return RewardComposer(entries, group_size=group_size or config.grpo.group_size, std_eps=config.grpo.std_eps,
                         sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
