@@ -482,7 +482,7 @@ def test_demo_trains_resumes_without_duplicates_and_knows_when_it_is_done(tmp_pa
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write(json.dumps({"step": 4, "reward/mean": 0.0}) + "\n")
   # The workdir's config.py gives the run's resolved config back: it extends the run as the flags did.
-  more = run_main(f"--config={tmp_path / 'config.py'}", "--config.train.num_steps=4", tmp_path=tmp_path)
+  more = main_in_process(f"--config={tmp_path / 'config.py'}", "--config.train.num_steps=4", tmp_path=tmp_path)
   assert more.returncode == 0, more.stderr[-3000:]
   assert "done: 1 step (step 4) in" in more.stderr, more.stderr[-3000:]
   # Resumed with another prompts file: one line before any model, naming the file and what differs.

@@ -1,4 +1,5 @@
-"""The released-model path as users run it, every step a subprocess: configs, training, export.
+"""The released-model path as users run it: configs, training, export. main.py runs as a subprocess where the run
+spans 8 devices or 2 processes, and as its `__main__` in the test's process on one device (the :hps recipe).
 
 The released recipes train on the converted folder, shrunk by flags. The image-to-image and decoupled recipes train
 as on a pod, 2 processes x 4 host devices, and log the per-step metrics of 1 process x 8 devices
@@ -18,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.cli import ROOT, TIMEOUT_S
+from tests.cli import ROOT, TIMEOUT_S, completed
 from tests.train.processes import launch, pod_and_single
 
 
@@ -90,15 +91,20 @@ def _assert_trained_past_evaluation(workdir):
   return evaluations[0]["eval/reward/mean"]
 
 
-def test_released_i2i_config_trains_and_evaluates_past_step_two(converted, tmp_path):
-  launch(tmp_path, *_i2i(converted), processes=1, devices=8)
-  _assert_trained_past_evaluation(tmp_path)
+def _i2i_single(shared_runs, converted):
+  """The image-to-image recipe as 1 process x 8 devices (made once per session): the pod test's reference."""
+  return shared_runs("i2i_1x8", lambda folder: launch(folder, *_i2i(converted), processes=1, devices=8))
+
+
+@pytest.mark.makes_reference
+def test_released_i2i_config_trains_and_evaluates_past_step_two(converted, shared_runs):
+  _assert_trained_past_evaluation(_i2i_single(shared_runs, converted))
 
 
 @pytest.mark.xdist_group("pod")
 @pytest.mark.pods
-def test_released_i2i_config_trains_and_evaluates_as_two_processes(converted, tmp_path):
-  multi, single = pod_and_single(tmp_path, *_i2i(converted))
+def test_released_i2i_config_trains_and_evaluates_as_two_processes(converted, shared_runs, tmp_path):
+  multi, single = pod_and_single(tmp_path, *_i2i(converted), single=lambda: _i2i_single(shared_runs, converted))
   np.testing.assert_allclose(_assert_trained_past_evaluation(multi), _assert_trained_past_evaluation(single),
                              rtol=1e-3)
 
@@ -256,15 +262,15 @@ def test_the_hps_recipe_trains_on_both_preference_rewards_and_its_evaluation_rep
   workdir = tmp_path / "run"
   recipe = ("--config=configs/glm_image_t2i_lora.py:hps,tiny", "--config.train.num_steps=2",
             "--config.checkpoint.save_interval=2")
-  launch(workdir, *recipe, f"--config.rewards={entries!r}", processes=1, devices=1)
+  completed(*recipe, f"--config.rewards={entries!r}", tmp_path=workdir)  # main.py's __main__, in this process
   rows = _rows(workdir)
   assert [r["step"] for r in rows] == [1, 2]
   assert all(r["reward/hps/std"] > 0 and r["reward/image_reward/std"] > 0 for r in rows)
   np.testing.assert_allclose([r["reward/mean"] for r in rows],
                              [r["reward/hps/mean"] + r["reward/image_reward/mean"] for r in rows], rtol=1e-5)
 
-  launch(workdir, *recipe, "--mode=eval", "--config.eval.benchmark=parti:2", "--config.eval.steps=0,2",
-         f"--config.rewards={entries!r}", processes=1, devices=1)
+  completed(*recipe, "--mode=eval", "--config.eval.benchmark=parti:2", "--config.eval.steps=0,2",
+            f"--config.rewards={entries!r}", tmp_path=workdir)
   report = json.loads((workdir / "eval" / "report.json").read_text())
   composer = RewardComposer(list(entries))
   prompts = report["prompt_text"]

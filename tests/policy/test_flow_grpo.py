@@ -19,7 +19,8 @@ from flax import nnx
 
 from glmrl.grpo import flow
 from glmrl.models import lora as lora_lib
-from glmrl.models.vae import AutoencoderKL, VAEConfig
+from glmrl.models import glm_image
+from glmrl.models.vae import VAEConfig
 from glmrl.sampling import decode, scheduler
 from glmrl.policy import flow_grpo as decoder_policy
 from tests.policy.tiny_dit import adapted_dit
@@ -40,7 +41,7 @@ def spec(**kw):
 def setup():
   dit_cfg, graphdef, adapters, base, cond, rng = adapted_dit(B, H, W)
   vae_cfg = VAEConfig.tiny(block_out_channels=(8, 8, 16, 16), latent_channels=dit_cfg.in_channels)
-  vae = AutoencoderKL(vae_cfg, rngs=nnx.Rngs(1))
+  vae = nnx.merge(*glm_image.build("vae", vae_cfg, seed=1))  # AutoencoderKL(vae_cfg, rngs=nnx.Rngs(1))'s, jitted
   sched = scheduler.glm_image_schedule(STEPS, H, W, scheduler.SchedulerConfig.full())
   timesteps, sigmas = jnp.asarray(sched.model_timesteps), jnp.asarray(sched.sigmas)
   latents = jnp.asarray(rng.normal(size=(B, dit_cfg.in_channels, H // 8, W // 8)), jnp.float32)
@@ -125,8 +126,8 @@ def test_accumulated_gradient_equals_the_whole_batch_gradient_and_finite_differe
   grads_2, stats_2, _ = accumulate(data, first=False, clip_range=0.5, beta=0.5, micro_batches=2,
                                    ratio_norm=ratio_norm)
   grads = jax.tree.map(lambda g: g / stats["denominator"], grads_1)
-  loss = lambda p: direct_loss(p, data, old, 0.5, 0.5, old_mean)
-  want = jax.grad(loss)(adapters)
+  loss = jax.jit(lambda p: direct_loss(p, data, old, 0.5, 0.5, old_mean))
+  want = jax.jit(jax.grad(loss))(adapters)
   for g, g2, w in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_2), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(np.asarray(g2) / float(stats_2["denominator"]), np.asarray(w), rtol=1e-4, atol=1e-7)

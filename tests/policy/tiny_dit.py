@@ -7,7 +7,8 @@ import numpy as np
 from flax import nnx
 
 from glmrl.models import lora as lora_lib
-from glmrl.models.dit import DiTConfig, GlmImageDiT
+from glmrl.models import glm_image
+from glmrl.models.dit import DiTConfig
 from glmrl.sampling import decode
 
 
@@ -16,7 +17,7 @@ def adapted_dit(batch: int, height: int, width: int):
   from). The adapters' B is non-zero: they change the velocity, so KL terms and gradients wrt A are not trivially
   zero."""
   dit_cfg = DiTConfig.tiny()
-  dit = GlmImageDiT(dit_cfg, rngs=nnx.Rngs(0))
+  dit = nnx.merge(*glm_image.build("dit", dit_cfg, seed=0))  # GlmImageDiT(dit_cfg, rngs=nnx.Rngs(0))'s, jitted
   lora_lib.apply_lora(dit, lora_lib.LoraConfig(rank=4, alpha=8.0, targets=lora_lib.DIT_TARGETS), nnx.Rngs(2))
   graphdef, adapters, base = nnx.split(dit, lora_lib.LoraParam, ...)
   adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(3), x.shape), adapters)

@@ -3,20 +3,16 @@ devices with a resume in the middle."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 
-from tests.cli import TIMEOUT_S
-from tests.train.common import ROOT, device_run
+from tests.cli import completed
+from tests.train.common import device_run
 
 
 def test_decoder_demo_learns_through_main(tmp_path):
   workdir = tmp_path / "demo"
-  out = subprocess.run([sys.executable, "main.py", "--config=configs/demo_decoder.py", f"--workdir={workdir}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
-  assert out.returncode == 0, out.stderr[-4000:]
+  out = completed("--config=configs/demo_decoder.py", tmp_path=workdir)  # main.py's __main__, in this process
   rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
   assert [r["step"] for r in rows] == list(range(1, 31))
   # On-policy: the first update's ratio is exactly 1 at every trained step of every rollout.
@@ -32,9 +28,7 @@ def test_decoder_demo_learns_through_main(tmp_path):
   assert {"decoder_params", "decoder_opt_state", "rng", "meta"} <= items and not {"params", "opt_state"} & items
   assert "30 steps" in out.stderr and "reward" in out.stderr
   # Generation samples with the trained DiT adapters of the last step (the ODE, sampling.dit_steps).
-  out = subprocess.run([sys.executable, "main.py", "--config=configs/demo_decoder.py", f"--workdir={workdir}",
-                        "--mode=generate"], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
-  assert out.returncode == 0, out.stderr[-4000:]
+  out = completed("--config=configs/demo_decoder.py", "--mode=generate", tmp_path=workdir)
   assert "the trained parameters of step 30" in out.stderr
   assert (workdir / "generate" / "grid.png").is_file()
 
