@@ -59,8 +59,7 @@ def test_one_device_equals_eight(eight, tmp_path):
 
 def test_optimizer_state_is_sharded_like_the_parameters(eight):
   """data=2 x fsdp=2 x tensor=2: each device holds its share of the AdamW moments, not all of them (before and
-  after updates); moments replicated over fsdp or tensor would put twice the bound or more on device
-  0."""
+  after updates); moments replicated over fsdp or tensor would put twice the bound or more on device 0."""
   for when, layout in eight["2,2,2"]["layout"].items():
     assert layout["opt_leaves_not_like_params"] == [], when
     # Two float32 moments per float32 parameter; only the step counters (a few bytes) are replicated.
