@@ -45,12 +45,13 @@ os.environ["JAX_PLATFORMS"] = "cpu"  # 8 host devices, also where a GPU is the d
 import functools, glmrl, jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from glmrl import sharding
-from glmrl.models.vae import AutoencoderKL, VAEConfig
+from glmrl.models import glm_image
+from glmrl.models.vae import VAEConfig
 from glmrl.sampling import decode
 rows = lambda w, x: x * w.sum() + x.shape[0]
 w, x = jnp.ones((3,)), jnp.zeros((8, 5))
-vae = AutoencoderKL(VAEConfig.tiny(block_out_channels=(8, 8, 16, 16)), rngs=nnx.Rngs(0))
-vae_def, vae_state = nnx.split(vae)
+vae_def, vae_state = glm_image.build("vae", VAEConfig.tiny(block_out_channels=(8, 8, 16, 16)))  # jitted init
+vae = nnx.merge(vae_def, vae_state)
 latents = jnp.asarray(np.random.default_rng(0).standard_normal((8, vae.cfg.latent_channels, 4, 4)), jnp.float32)
 decode_f32 = lambda s, z: vae.decode_normalized(jnp.transpose(z, (0, 2, 3, 1)))
 want = jax.jit(decode_f32)(vae_state, latents)

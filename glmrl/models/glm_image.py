@@ -157,20 +157,22 @@ _CPU_INIT_OPTIONS = {"xla_backend_optimization_level": 1}
 
 def init_params(name: str, cfg, seed: int, shardings):
   """Random parameters of one component, created directly on `shardings` by one jitted init (compiled once per
-  process for each component, config, seed and shardings, as jax.jit's own cache keeps a program)."""
+  process for each component, config and shardings, as jax.jit's own cache keeps a program). The seed's key is
+  the program's argument, not a constant in it: runs and tests that build one config from other seeds load the
+  same compiled init from the persistent cache."""
   leaves, treedef = jax.tree.flatten(shardings)
-  return _init_program(name, cfg, seed, tuple(leaves), treedef)()
+  return _init_program(name, cfg, tuple(leaves), treedef)(jax.random.key(seed))
 
 
 @functools.lru_cache(maxsize=16)
-def _init_program(name: str, cfg, seed: int, sharding_leaves: tuple, sharding_treedef):
+def _init_program(name: str, cfg, sharding_leaves: tuple, sharding_treedef):
   _, cls = COMPONENTS[name]
 
-  def init():
-    return nnx.split(cls(cfg, rngs=InitRngs(seed)))[1]
+  def init(key):
+    return nnx.split(cls(cfg, rngs=InitRngs(key)))[1]
 
   shardings = jax.tree.unflatten(sharding_treedef, sharding_leaves)
-  lowered = jax.jit(init, out_shardings=shardings).lower()
+  lowered = jax.jit(init, out_shardings=shardings).lower(jax.random.key(0))
   options = _CPU_INIT_OPTIONS if jax.default_backend() == "cpu" else None
   return lowered.compile(compiler_options=options)
 

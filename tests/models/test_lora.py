@@ -25,7 +25,6 @@ from glmrl.models import lora
 from glmrl.models.ar.config import ARConfig
 from glmrl.models.ar.model import GlmImageAR
 from glmrl.models.ar.text import StackedLinear
-from glmrl.models.dit.model import GlmImageDiT
 from glmrl.models.glm_image import preset_configs
 from glmrl.models.lora import LoraConfig, LoraParam
 
@@ -194,7 +193,7 @@ def test_config_and_target_errors():
 @pytest.fixture(scope="module")
 def ar_models():
   """(base, adapted at init): the adapted model shares the base weights."""
-  base = GlmImageAR(TINY.ar, rngs=nnx.Rngs(0))
+  base = nnx.merge(*glm_image.build("ar", TINY.ar))  # GlmImageAR(TINY.ar, rngs=nnx.Rngs(0))'s, jitted
   adapted = lora.apply_lora(nnx.clone(base), LoraConfig(4, 8.0, lora.AR_TARGETS), nnx.Rngs(1))
   return base, adapted
 
@@ -334,7 +333,7 @@ def test_ar_jitted_init_onto_shardings():
 
 def test_dit_targets_and_base_function_at_init():
   cfg = TINY.dit
-  base = GlmImageDiT(cfg, rngs=nnx.Rngs(0))
+  base = nnx.merge(*glm_image.build("dit", cfg))  # GlmImageDiT(cfg, rngs=nnx.Rngs(0))'s, jitted
   adapted = lora.apply_lora(nnx.clone(base), LoraConfig(4, 4.0, lora.DIT_TARGETS), nnx.Rngs(1))
   blocks = range(len(adapted.blocks))
   want_paths = ({f"blocks.{i}.attn.{n}" for i in blocks for n in ("q", "k", "v", "out")}

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from glmrl.models.dit import DiTConfig, GlmImageDiT
+from glmrl.models import glm_image
+from glmrl.models.dit import DiTConfig
 from glmrl.sampling import decode
 
 B, H, W = 3, 64, 64
@@ -22,8 +23,7 @@ B, H, W = 3, 64, 64
 def test_batched_branches_match_the_sequential_ones():
   cfg = DiTConfig.tiny()
   rng = np.random.default_rng(0)
-  dit = GlmImageDiT(cfg, rngs=nnx.Rngs(0))
-  graphdef, state = nnx.split(dit)
+  graphdef, state = glm_image.build("dit", cfg)  # GlmImageDiT(cfg, rngs=nnx.Rngs(0))'s, by the jitted init
   cond = decode.Conditioning(
       prior_ids_BxX=jnp.asarray(rng.integers(0, cfg.prior_vq_quantizer_codebook_size, (B, (H // 16) * (W // 16)))),
       glyph_BxSxD=jnp.asarray(rng.normal(size=(B, 5, cfg.text_embed_dim)), jnp.float32),
@@ -33,20 +33,20 @@ def test_batched_branches_match_the_sequential_ones():
   x = jnp.asarray(rng.normal(size=(B, cfg.in_channels, H // 8, W // 8)), jnp.float32)
   size, crop = jnp.tile(jnp.array([[H, W]], jnp.float32), (B, 1)), jnp.zeros((B, 2))
 
-  @functools.partial(jax.jit, static_argnums=1)  # jitted: op by op, this test took a minute
   def guided(state, batched, t):
     model = nnx.merge(graphdef, state)
     model.cfg = dataclasses.replace(model.cfg, cfg_batched=batched)
     return decode.guided_velocity(model, cond, x, t, 2.5, size, crop)
 
-  @functools.partial(jax.jit, static_argnums=1)
-  def grad_of(state, batched, t):
-    return jax.grad(lambda s: jnp.sum(jnp.square(guided(s, batched, t))))(state)
+  @functools.partial(jax.jit, static_argnums=1)  # jitted: op by op, this test took a minute
+  def with_grad(state, batched, t):
+    """The guided velocity and the gradient of its sum of squares, in one program."""
+    velocity, vjp = jax.vjp(lambda s: guided(s, batched, t), state)
+    return velocity, vjp(2 * velocity)[0]
 
   for t in (jnp.float32(700.0), jnp.asarray([900.0, 400.0, 50.0])):
-    seq, both = guided(state, False, t), guided(state, True, t)
+    (seq, seq_grad), (both, both_grad) = with_grad(state, False, t), with_grad(state, True, t)
     np.testing.assert_allclose(np.asarray(both), np.asarray(seq), rtol=1e-5, atol=1e-5)
-    grad = lambda batched: grad_of(state, batched, t)
     # Gradients: to 1e-5 of each leaf's largest entry (the batch of 2B sums its rows in another order).
-    for a, b in zip(jax.tree.leaves(grad(True)), jax.tree.leaves(grad(False))):
+    for a, b in zip(jax.tree.leaves(both_grad), jax.tree.leaves(seq_grad)):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5 * float(np.abs(b).max()) + 1e-12)

@@ -16,8 +16,9 @@ import pytest
 from flax import nnx
 
 from glmrl.grpo import flow
-from glmrl.models.dit import DiTConfig, GlmImageDiT
-from glmrl.models.vae import AutoencoderKL, VAEConfig
+from glmrl.models import glm_image
+from glmrl.models.dit import DiTConfig
+from glmrl.models.vae import VAEConfig
 from glmrl.sampling import decode, scheduler
 
 H = W = 64
@@ -29,9 +30,13 @@ GUIDANCE = 1.5
 def inputs():
   dit_cfg = DiTConfig.tiny()
   vae_cfg = VAEConfig.tiny(block_out_channels=(8, 8, 16, 16), latent_channels=dit_cfg.in_channels)
-  dit, vae = GlmImageDiT(dit_cfg, rngs=nnx.Rngs(0)), AutoencoderKL(vae_cfg, rngs=nnx.Rngs(1))
-  state = nnx.state(dit)
-  nnx.update(dit, jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(2), x.shape, x.dtype), state))
+  # GlmImageDiT(dit_cfg, rngs=nnx.Rngs(0)) and AutoencoderKL(vae_cfg, rngs=nnx.Rngs(1)), by the jitted init (one
+  # program each, not one per operation and shape), the DiT's weights moved off their initial values.
+  dit_def, dit_state = glm_image.build("dit", dit_cfg, seed=0)
+  dit_state = jax.jit(lambda s: jax.tree.map(
+      lambda x: x + 0.05 * jax.random.normal(jax.random.key(2), x.shape, x.dtype), s))(dit_state)
+  dit = nnx.merge(dit_def, dit_state)
+  vae_def, vae_state = glm_image.build("vae", vae_cfg, seed=1)
   rng = np.random.default_rng(0)
   b = 2
   grid = rng.integers(0, dit_cfg.prior_vq_quantizer_codebook_size, size=(b, H // 32, W // 32))
@@ -40,8 +45,6 @@ def inputs():
   cond = decode.Conditioning(decode.upsample_prior_tokens(jnp.asarray(grid)), glyph, ones, -glyph, ones)
   sched = scheduler.glm_image_schedule(STEPS, H, W, scheduler.SchedulerConfig.full())
   latents = jnp.asarray(rng.normal(size=(b, dit_cfg.in_channels, H // 8, W // 8)), jnp.float32)
-  dit_def, dit_state = nnx.split(dit)
-  vae_def, vae_state = nnx.split(vae)
   args = (dit_def, dit_state, vae_def, vae_state, cond, latents, jnp.asarray(sched.model_timesteps),
           jnp.asarray(sched.sigmas), GUIDANCE, jnp.tile(jnp.array([[H, W]], jnp.float32), (b, 1)), jnp.zeros((b, 2)))
   return args, dit, cond, sched, jax.random.split(jax.random.key(3), b)
@@ -93,7 +96,7 @@ def test_rematerialised_dit_samples_as_the_plain_one(inputs):
   runs the same DiT forward with it (its blocks' Variables belong to the loop body's trace)."""
   args, dit, _, _, keys = inputs
   dit_state = args[1]
-  remat_def, _ = nnx.split(GlmImageDiT(dataclasses.replace(dit.cfg, remat=True), rngs=nnx.Rngs(0)))
+  remat_def, _ = glm_image.abstract_model("dit", dataclasses.replace(dit.cfg, remat=True))
   window = decode.SdeWindow(noise_level=0.7, size=2)
   plain = decode.denoise_and_decode(*args, None, window, keys, 1)
   remat = decode.denoise_and_decode(remat_def, dit_state, *args[2:], None, window, keys, 1)
