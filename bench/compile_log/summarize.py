@@ -22,8 +22,8 @@ def load(folder: str) -> list[dict]:
   return records
 
 
-def repeated_seconds(records: list[dict]) -> dict[str, list[dict]]:
-  """{digest: its compilations}, for the programs compiled more than once (all but the slowest count as repeats)."""
+def repeated_programs(records: list[dict]) -> dict[str, list[dict]]:
+  """{digest: its compilations}, for the programs compiled more than once."""
   by_digest = collections.defaultdict(list)
   for r in records:
     if r["digest"]:
@@ -32,6 +32,7 @@ def repeated_seconds(records: list[dict]) -> dict[str, list[dict]]:
 
 
 def repeats(rs: list[dict]) -> float:
+  """The seconds of a program's compilations but its slowest: what a cache every process reads would have saved."""
   return sum(r["s"] for r in rs) - max(r["s"] for r in rs)
 
 
@@ -54,9 +55,10 @@ def summary(records: list[dict], top: int) -> str:
       counts[key(r)] += 1
     lines.append(f"\nby {title} (s, programs):")
     lines += [f"  {s:7.0f} {counts[k]:5d}  {k}" for k, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:top]]
-  again = repeated_seconds(records)
-  lines.append(f"\nthe same program compiled again: {sum(repeats(rs) for rs in again.values()):.0f} s "
-               f"({sum(repeats(rs) for rs in again.values() if rs[0]['processes'] > 1):.0f} s in process groups)")
+  again = repeated_programs(records)
+  in_all = sum(repeats(rs) for rs in again.values())
+  in_groups = sum(repeats(rs) for rs in again.values() if rs[0]["processes"] > 1)
+  lines.append(f"\nthe same program compiled again: {in_all:.0f} s ({in_groups:.0f} s in process groups)")
   for rs in sorted(again.values(), key=lambda rs: -repeats(rs))[:top]:
     tests = sorted({test_of(r).split("::")[-1][:50] for r in rs})
     lines.append(f"  {repeats(rs):6.0f} s  x{len(rs)} {rs[0]['name']} ({rs[0]['processes']} x {rs[0]['devices']}): "

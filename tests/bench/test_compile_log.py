@@ -34,7 +34,7 @@ def test_a_program_compiled_again_counts_all_but_its_slowest_compilation():
   record = lambda s, processes=2: {"s": s, "name": "jit_update", "digest": "d1", "devices": 8, "processes": processes,
                                    "test": "tests/t.py::test_pod (call)", "argv": ""}
   records = [record(3.0), record(5.0), record(4.0), {**record(9.0), "digest": "d2"}, {**record(0.1), "digest": ""}]
-  again = summarize.repeated_seconds(records)
+  again = summarize.repeated_programs(records)
   assert list(again) == ["d1"] and summarize.repeats(again["d1"]) == 7.0
   text = summarize.summary(records, top=5)
   assert "21 s compiling" in text and "compiled again: 7 s (7 s in process groups)" in text
