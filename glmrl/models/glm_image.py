@@ -14,6 +14,8 @@ import os
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from flax import nnx
 
 from glmrl import sharding as sharding_lib
@@ -26,6 +28,7 @@ from glmrl.models.dit.config import DiTConfig
 from glmrl.models.dit.model import GlmImageDiT
 from glmrl.models.glyph.config import T5EncoderConfig
 from glmrl.models.glyph.t5 import T5Encoder
+from glmrl.models import init_draws
 from glmrl.models.init_rngs import InitRngs
 from glmrl.models.vae.config import VAEConfig
 from glmrl.models.vae.model import AutoencoderKL
@@ -156,25 +159,30 @@ _CPU_INIT_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
 def init_params(name: str, cfg, seed: int, shardings):
-  """Random parameters of one component, created directly on `shardings` by one jitted init (compiled once per
-  process for each component, config and shardings, as jax.jit's own cache keeps a program). The seed's key is
-  the program's argument, not a constant in it: runs and tests that build one config from other seeds load the
-  same compiled init from the persistent cache."""
+  """Random parameters of one component, created directly on `shardings` by the jitted init (`_init_program`,
+  made once per process for each component, config and shardings). The seed's key is the programs' argument, not a
+  constant in them: runs and tests that build one config from other seeds load the same compiled init from the
+  persistent cache."""
   leaves, treedef = jax.tree.flatten(shardings)
   return _init_program(name, cfg, tuple(leaves), treedef)(jax.random.key(seed))
 
 
 @functools.lru_cache(maxsize=16)
 def _init_program(name: str, cfg, sharding_leaves: tuple, sharding_treedef):
+  """key -> parameters: the init as two jitted programs, its draws batched in the first (`init_draws`), their
+  output replicated on the parameters' mesh."""
   _, cls = COMPONENTS[name]
 
   def init(key):
     return nnx.split(cls(cfg, rngs=InitRngs(key)))[1]
 
   shardings = jax.tree.unflatten(sharding_treedef, sharding_leaves)
-  lowered = jax.jit(init, out_shardings=shardings).lower(jax.random.key(0))
+  draw, place = init_draws.split(init, jax.random.key(0))
+  mesh = next((s.mesh for s in sharding_leaves if isinstance(s, NamedSharding)), None)
   options = _CPU_INIT_OPTIONS if jax.default_backend() == "cpu" else None
-  return lowered.compile(compiler_options=options)
+  draw = jax.jit(draw, out_shardings=NamedSharding(mesh, P()) if mesh else None, compiler_options=options)
+  place = jax.jit(place, out_shardings=shardings, compiler_options=options)
+  return lambda key: place(key, draw(key))
 
 
 def build(name: str, cfg, *, mesh=None, checkpoint_dir: str = "", seed: int = 0):
