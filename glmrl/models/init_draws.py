@@ -258,9 +258,10 @@ def _flat_size(node: _Node) -> int:
 
 
 def _static(x):
-  """A call's input that is the same for every member of its batch (a literal or a constant), as a hashable
-  stand-in; None for an input that varies (a ref or an argument)."""
-  return None if isinstance(x, (_Ref, _Arg)) else repr(x)
+  """A call's scalar literal or constant, which members batched together share, as a hashable stand-in (a NumPy
+  scalar's repr is exact); None for an input that varies between the members (a ref, an argument, or an array
+  constant: stacked like the others)."""
+  return None if isinstance(x, (_Ref, _Arg)) or getattr(x, "shape", ()) != () else repr(x)
 
 
 class _Values:
