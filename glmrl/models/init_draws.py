@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +58,7 @@ class _Arg:
 class _Node:
   eqn: jex_core.JaxprEqn
   inputs: list  # _Ref, _Arg, or a value (a literal or a constant)
-  kind: str  # "fold_in", "bits", "call" (a batched draw: see _kind), or ""
+  kind: str  # "fold_in", "bits", "flat", "call" (a batched draw: see _kind), or ""
   depth: int = 0  # draws on the longest path from the arguments
 
 
@@ -78,11 +77,11 @@ def split(fn, *args):
   steps = _first_steps(nodes, first)
   batches = [s for s in steps if isinstance(s, _Batch)]
   member_of = {i: (b, j) for b, batch in enumerate(batches) for j, i in enumerate(batch.members)}
-  # What `place` reads of the first program's values, other than batch members: refs of its nodes that are not draws.
+  # What `place` reads of the first program's values other than the batches: outputs of its nodes that are not draws.
   later = [i for i in range(len(nodes)) if i not in first]
-  passed = sorted({r for i in later for r in nodes[i].inputs if isinstance(r, _Ref) and r.node in first
-                   and r.node not in member_of} | {r for r in outs if isinstance(r, _Ref) and r.node in first
-                                                    and r.node not in member_of}, key=lambda r: (r.node, r.index))
+  read_later = [r for i in later for r in nodes[i].inputs] + outs
+  passed = sorted({r for r in read_later if isinstance(r, _Ref) and r.node in first and r.node not in member_of},
+                  key=lambda r: (r.node, r.index))
 
   def draw(*args):
     values = _Values(nodes, jax.tree.leaves(args))
@@ -141,14 +140,14 @@ def _flatten(jaxpr, consts, args) -> tuple[list[_Node], list]:
 
 def _kind(eqn) -> str:
   """What batched draw `eqn` is: "fold_in" (of a scalar key), "bits" (of a scalar key, at most MAX_BATCHED
-  elements), "call" (a jitted function of a scalar key whose draws are at most MAX_BATCHED elements each, e.g.
-  jax.random's `_truncated_normal`), or "" (none)."""
+  elements), "flat" (a `_FLAT` function's call of at most MAX_BATCHED elements), "call" (another jitted function of
+  a scalar key whose draws are at most MAX_BATCHED elements each), or "" (none)."""
   name = eqn.primitive.name
   scalar_key = any(_is_key(v.aval) and v.aval.shape == () for v in eqn.invars)
   if name == _FOLD_IN:
     return "fold_in" if scalar_key else ""
   if name == _BITS:
-    return "bits" if scalar_key and math.prod(eqn.params["shape"]) <= MAX_BATCHED else ""
+    return "bits" if scalar_key and eqn.outvars[0].aval.size <= MAX_BATCHED else ""
   if name in _JIT and scalar_key and eqn.params["name"] in _FLAT and eqn.outvars[0].aval.size <= MAX_BATCHED:
     return "flat"
   if name in _JIT and scalar_key and not _ends_in_a_scaling(eqn.params["jaxpr"].jaxpr):
@@ -185,7 +184,7 @@ def _draw_sizes(jaxpr) -> list[int]:
   sizes = []
   for e in jaxpr.eqns:
     if e.primitive.name == _BITS:
-      sizes.append(math.prod(e.params["shape"]))
+      sizes.append(e.outvars[0].aval.size)
     elif e.primitive.name in _JIT:
       sizes += _draw_sizes(e.params["jaxpr"].jaxpr)
   return sizes
@@ -244,17 +243,13 @@ def _by_size(nodes: list[_Node], members: list[int]) -> list[list[int]]:
   """Flat draws of one batch key: in one call when, padded to the largest, they hold at most `MAX_PADDED` elements
   (the tiny VAE's truncated normals: 54 x 2304); else by powers of two of their size, each call at most twice its
   members' size."""
-  sizes = {i: _flat_size(nodes[i]) for i in members}
+  sizes = {i: nodes[i].eqn.outvars[0].aval.size for i in members}
   if len(members) * max(sizes.values()) <= MAX_PADDED:
     return [members]
   classes = collections.defaultdict(list)
   for i in members:
     classes[(sizes[i] - 1).bit_length()].append(i)
   return list(classes.values())
-
-
-def _flat_size(node: _Node) -> int:
-  return math.prod(node.eqn.params["shape"]) if node.kind == "bits" else node.eqn.outvars[0].aval.size
 
 
 def _static(x):
@@ -293,31 +288,32 @@ def _fold_in_all(members: list[_Node], read) -> list:
 def _bits_all(members: list[_Node], read) -> list:
   """Each member's key's bits of the class's largest size, flat (cut to each member's size by `_member`)."""
   width = members[0].eqn.params["bit_width"]
-  size = max(math.prod(m.eqn.params["shape"]) for m in members)
+  size = max(m.eqn.outvars[0].aval.size for m in members)
   keys = jnp.stack([read(m.inputs[0]) for m in members])
   return [jax.vmap(lambda k: jax.random.bits(k, (size,), jnp.dtype(f"uint{width}")))(keys)]
 
 
 def _call_all(members: list[_Node], read) -> list:
-  """One jitted function's calls as one vmapped call, over the inputs that vary."""
-  call = jex_core.jaxpr_as_fun(members[0].eqn.params["jaxpr"])
-  varies = [_static(x) is None for x in members[0].inputs]
-  columns = zip(*[[read(x) for x in m.inputs] for m in members])
-  stacked = [jnp.stack(c) if v else c[0] for c, v in zip(columns, varies)]
-  return list(jax.vmap(call, in_axes=[0 if v else None for v in varies])(*stacked))
+  """One jitted function's calls as one vmapped call."""
+  return list(_vmapped(jex_core.jaxpr_as_fun(members[0].eqn.params["jaxpr"]), members, read))
 
 
 def _flat_all(members: list[_Node], read) -> list:
-  """One jax.random function's draws of one size class as one vmapped call over flat shapes of the class's largest
-  size (cut to each member's size by `_member`), over the inputs that vary."""
+  """One jax.random function's draws as one vmapped call over flat shapes of the largest member's size (cut to each
+  member's size by `_member`)."""
   draw = _FLAT[members[0].eqn.params["name"]]
-  aval = members[0].eqn.outvars[0].aval
+  dtype = members[0].eqn.outvars[0].aval.dtype
   size = max(m.eqn.outvars[0].aval.size for m in members)
+  return [_vmapped(lambda key, *scalars: draw(key, (size,), dtype, *scalars), members, read)]
+
+
+def _vmapped(fn, members: list[_Node], read):
+  """`fn` of the members' inputs as one vmapped call: the inputs that vary between them stacked, the shared ones
+  (`_static`) passed once."""
   varies = [_static(x) is None for x in members[0].inputs]
   columns = zip(*[[read(x) for x in m.inputs] for m in members])
   stacked = [jnp.stack(c) if v else c[0] for c, v in zip(columns, varies)]
-  flat = lambda key, *scalars: draw(key, (size,), aval.dtype, *scalars)
-  return [jax.vmap(flat, in_axes=[0 if v else None for v in varies])(*stacked)]
+  return jax.vmap(fn, in_axes=[0 if v else None for v in varies])(*stacked)
 
 
 _DRAW = {"fold_in": _fold_in_all, "bits": _bits_all, "call": _call_all, "flat": _flat_all}
@@ -326,6 +322,6 @@ _DRAW = {"fold_in": _fold_in_all, "bits": _bits_all, "call": _call_all, "flat": 
 def _member(kind: str, stacked: list, j: int, node: _Node) -> list:
   """Member `j`'s outputs, from its batch's stacked outputs."""
   if kind in ("bits", "flat"):
-    shape = node.eqn.params["shape"] if kind == "bits" else node.eqn.outvars[0].aval.shape
-    return [stacked[0][j, :math.prod(shape)].reshape(shape)]
+    aval = node.eqn.outvars[0].aval
+    return [stacked[0][j, :aval.size].reshape(aval.shape)]
   return [x[j] for x in stacked]
