@@ -37,6 +37,7 @@ from glmrl import compilation_cache
 from glmrl import config_checks
 from glmrl import config_files
 from glmrl import distributed
+from glmrl import gc_tuning
 from glmrl.checkpoint.signals import StopSignal
 from glmrl.errors import UserError
 from glmrl.train.workdir import layout_problem
@@ -243,6 +244,7 @@ def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]}: every setting is a --flag (python main.py --help)")
   module_name, fn_name = _MODES[_MODE.value].split(":")
+  gc_tuning.for_tracing()
   _check_workdir(_WORKDIR.value)
   try:
     # A signal ends any mode within a second, also inside an XLA compile; train saves its finished steps first.

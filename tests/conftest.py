@@ -21,6 +21,10 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
+from glmrl import gc_tuning  # noqa: E402  (after the settings above: importing glmrl imports JAX, which reads them)
+
+gc_tuning.for_tracing()  # the workers trace as main.py does
+
 
 @pytest.fixture(scope="session")
 def tiny_released(shared_runs):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from configs import demo
+from glmrl import gc_tuning
 from tests.cli import ROOT, TIMEOUT_S
 
 
@@ -53,6 +54,7 @@ def device_run_args():
   parser.add_argument("--mesh", required=True)
   parser.add_argument("--workdir", required=True)
   args = parser.parse_args()
+  gc_tuning.for_tracing()  # as main.py runs
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
   os.environ["JAX_PLATFORMS"] = "cpu"  # the host devices, also where a GPU is the default backend
   return args, meshes(args)[0]
@@ -74,6 +76,26 @@ def device_run(module: str, devices: int, mesh: str, workdir, timeout: int = TIM
                        timeout=timeout)
   assert out.returncode == 0, out.stderr[-4000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# The meshes tests/train/multidevice_run.py trains on, by device count: on 8, 2,2,2 splits the parameters and their
+# optimizer state over fsdp and tensor at once, 1,8,1 is fsdp alone; the first mesh also measures the on-policy ratio.
+MULTIDEVICE_MESHES = {1: ("1,1,1",), 8: ("2,2,2", "1,8,1")}
+
+
+def multidevice_runs(shared_runs, devices: int) -> dict:
+  """{mesh: result} of tests/train/multidevice_run.py on `devices` devices (MULTIDEVICE_MESHES), made once per
+  session. The tests that read them share the xdist group "multidevice" (one worker, one after the other: on two,
+  one worker waited for the other's 8-device run instead of running other tests)."""
+  def make(folder):
+    out = device_run("tests.train.multidevice_run", devices, "/".join(MULTIDEVICE_MESHES[devices]), folder)
+    (folder / "result.json").write_text(json.dumps(out))
+    (folder / "worker").write_text(os.environ.get("PYTEST_XDIST_WORKER", ""))
+  folder = shared_runs(f"multidevice_{devices}", make)
+  assert (folder / "worker").read_text() == os.environ.get("PYTEST_XDIST_WORKER", ""), "not in the xdist group"
+  out = json.loads((folder / "result.json").read_text())
+  assert out["devices"] == devices
+  return out["runs"]
 
 
 def _device_run_here(module: str, argv: list[str]) -> dict:

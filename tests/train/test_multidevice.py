@@ -4,42 +4,18 @@ Tolerance: 1e-4 relative on the step metrics and parameter sums, 1e-5 absolute o
 (which is zero up to rounding); float32, the sharded reductions sum in a different order.
 """
 
-
-import json
-import os
-
 import numpy as np
 import pytest
 
-from tests.train.common import device_run
+from tests.train.common import multidevice_runs
 
-# The 8-device meshes both tests read, trained in one process (tests/train/multidevice_run.py): 2,2,2 splits the
-# parameters and their optimizer state over fsdp and tensor at once (both tests), 1,8,1 is fsdp alone.
-MESHES = ("2,2,2", "1,8,1")
-# Both tests on one worker, one after the other: on two, the second worker waited for the first's 8-device run
-# (133 s of a 172 s run, in a full suite on 2 cores) instead of running other tests.
+# With the ratio tests (tests/train/test_on_policy_ratio.py), which read the same runs.
 pytestmark = pytest.mark.xdist_group("multidevice")
 
 
-@pytest.fixture
-def eight(shared_runs):
-  """{mesh: result} of the 8-device runs, made once per session."""
-  def make(folder):
-    out = device_run("tests.train.multidevice_run", 8, "/".join(MESHES), folder)
-    (folder / "result.json").write_text(json.dumps(out))
-    (folder / "worker").write_text(os.environ.get("PYTEST_XDIST_WORKER", ""))
-  folder = shared_runs("multidevice_8", make)
-  # Made by this test's worker: both tests run there (their xdist group, tests/xdist_groups.py).
-  assert (folder / "worker").read_text() == os.environ.get("PYTEST_XDIST_WORKER", "")
-  out = json.loads((folder / "result.json").read_text())
-  assert out["devices"] == 8
-  return out["runs"]
-
-
-def test_one_device_equals_eight(eight, tmp_path):
-  one = device_run("tests.train.multidevice_run", 1, "1,1,1", tmp_path)
-  assert one["devices"] == 1
-  one, on_eight = one["runs"]["1,1,1"], eight["2,2,2"]
+def test_one_device_equals_eight(shared_runs):
+  one, eight = multidevice_runs(shared_runs, 1)["1,1,1"], multidevice_runs(shared_runs, 8)
+  on_eight = eight["2,2,2"]
   # The parameters really are split over fsdp and tensor on the 8-device mesh.
   assert any("fsdp" in s for s in on_eight["shardings"]) and any("tensor" in s for s in on_eight["shardings"])
   for a, b in zip(one["steps"], on_eight["steps"]):
@@ -57,10 +33,10 @@ def test_one_device_equals_eight(eight, tmp_path):
   np.testing.assert_allclose(fsdp8["param_sum"], one["param_sum"], rtol=1e-4)
 
 
-def test_optimizer_state_is_sharded_like_the_parameters(eight):
+def test_optimizer_state_is_sharded_like_the_parameters(shared_runs):
   """data=2 x fsdp=2 x tensor=2: each device holds its share of the AdamW moments, not all of them (before and
   after updates); moments replicated over fsdp or tensor would put twice the bound or more on device 0."""
-  for when, layout in eight["2,2,2"]["layout"].items():
+  for when, layout in multidevice_runs(shared_runs, 8)["2,2,2"]["layout"].items():
     assert layout["opt_leaves_not_like_params"] == [], when
     # Two float32 moments per float32 parameter; only the step counters (a few bytes) are replicated.
     assert layout["opt_state_dev0"] <= 2 * layout["params_dev0"] + 64, (when, layout)

@@ -1,5 +1,7 @@
 """The first update of a rollout is on-policy: its importance ratio is 1 to within 1e-6 for float32 and
-bfloat16 compute, 1, 2 and 4 micro-batches on 1 CPU device, 1 and 4 on 8 host devices (2x2x2 mesh).
+bfloat16 compute, 1, 2 and 4 micro-batches on 1 CPU device, 1 and 2 on 8 host devices (2x2x2 mesh: the whole batch of
+8 rows and the smallest micro-batches, a row per data x fsdp device), measured after the two steps of
+tests/train/multidevice_run.py in its process.
 
 Before the update computed the old log-probs itself, a separate full-batch pass did, and in bfloat16 the
 ratio spanned 0.973-1.033 (float32: 1 +- 2.4e-6).
@@ -10,14 +12,14 @@ import json
 import pytest
 
 from tests.cli import completed
-from tests.train.common import device_run
+from tests.train.common import MULTIDEVICE_MESHES, multidevice_runs
 
 
-@pytest.mark.parametrize("devices,mesh", [(1, "1,1,1"), (8, "2,2,2")])
-def test_first_iteration_ratio_is_one(devices, mesh, tmp_path):
-  result = device_run("tests.train.ratio_run", devices, mesh, tmp_path)
-  assert result["devices"] == devices
-  micros = (1, 2, 4) if devices == 1 else (1, 4)
+@pytest.mark.xdist_group("multidevice")  # the runs of tests/train/test_multidevice.py
+@pytest.mark.parametrize("devices", [1, 8])
+def test_first_iteration_ratio_is_one(devices, shared_runs):
+  result = multidevice_runs(shared_runs, devices)[MULTIDEVICE_MESHES[devices][0]]
+  micros = (1, 2, 4) if devices == 1 else (1, 2)
   assert sorted(result["ratios"]) == sorted(f"{d}/{m}" for d in ("float32", "bfloat16") for m in micros)
   for key, (low, high) in result["ratios"].items():
     assert abs(low - 1.0) <= 1e-6 and abs(high - 1.0) <= 1e-6, (key, low, high)
