@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.cli import ROOT, TIMEOUT_S, completed
+from tests.cli import ROOT, TIMEOUT_S, captured_output, completed
 from tests.train.processes import launch, pod_and_single
 
 
@@ -124,9 +124,20 @@ def _ar_inputs(cfg):
   return torch.tensor(ids), torch.tensor(mask), torch.tensor([[1, 2, 2], [1, 4, 4]] * 2), torch.tensor([2, 2])
 
 
-def _export(workdir, out_dir, *extra):
-  out = subprocess.run([sys.executable, "-m", "checkpoints_convert", "--to_hf", f"--ckpt_dir={workdir}",
-                        f"--hf_out_dir={out_dir}", *extra], capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT_S)
+def _export(workdir, out_dir, *extra, in_process: bool = False):
+  """`python -m checkpoints_convert --to_hf` of the run in `workdir`: a new process, or its `main` in this one (what
+  the command runs, without another start-up of Python, JAX and torch)."""
+  argv = ["--to_hf", f"--ckpt_dir={workdir}", f"--hf_out_dir={out_dir}", *extra]
+  if in_process:
+    from checkpoints_convert.__main__ import main
+
+    with captured_output() as out:
+      code = main(argv)
+    assert code == 0, out["stderr"][-3000:]
+    assert "complete GLM-Image pipeline folder" in out["stdout"] + out["stderr"]
+    return out_dir
+  out = subprocess.run([sys.executable, "-m", "checkpoints_convert", *argv], capture_output=True, text=True, cwd=ROOT,
+                       timeout=TIMEOUT_S)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "complete GLM-Image pipeline folder" in out.stdout + out.stderr
   return out_dir
@@ -180,7 +191,8 @@ def test_decoupled_run_as_two_processes_exports_adapters_that_peft_and_diffusers
   rows = _rows(workdir)
   assert all(r[f"{p}first_iter/ratio/min"] == r[f"{p}first_iter/ratio/max"] == 1.0
              for r in rows for p in ("ar/", "decoder/"))
-  exported, merged_dir = _export(workdir, tmp_path / "adapter"), _export(workdir, tmp_path / "merged", "--merge_lora")
+  exported = _export(workdir, tmp_path / "adapter")
+  merged_dir = _export(workdir, tmp_path / "merged", "--merge_lora", in_process=True)
   adapter_dir = exported / "adapters" / "vision_language_encoder"
   assert sorted(os.listdir(adapter_dir)) == ["adapter_config.json", "adapter_model.safetensors"]
   assert not (merged_dir / "adapters").exists()

@@ -65,10 +65,10 @@ def first_update_ratios(trainer) -> dict:
   from glmrl.policy import ar as ar_policy
   from glmrl.train import loop
 
-  if jax.device_count() > 1:
-    # jax 0.10.2 on CPU: an 8-device update loaded from the persistent compilation cache (tests/conftest.py)
-    # deadlocked in its collectives' rendezvous once (also with the code before this test); compile afresh.
-    jax.config.update("jax_enable_compilation_cache", False)
+  cached = jax.config.jax_enable_compilation_cache
+  # jax 0.10.2 on CPU: an 8-device update loaded from the persistent compilation cache (tests/conftest.py)
+  # deadlocked in its collectives' rendezvous once (also with the code before this test); compile afresh.
+  jax.config.update("jax_enable_compilation_cache", cached and jax.device_count() == 1)
   run, ar = trainer.run, trainer.states["ar"]
   collected = loop.rollout_lib.collect(run, next(run.iterator), jax.random.key(5), {"ar": ar.trainable})
   rollout, shape = collected.batches["ar"], collected.update_shapes["ar"]
@@ -86,6 +86,7 @@ def first_update_ratios(trainer) -> dict:
       _, _, m, (old_logp, _) = fn(copy(ar.trainable), ar.frozen, copy(ar.opt_state), rollout, None, True)
       ratios[f"{dtype}/{micro}"] = [float(m["ratio/min"]), float(m["ratio/max"])]
       gaps[f"{dtype}/{micro}"] = float(jnp.max(jnp.abs(old_logp - rollout.sampler_logp)))
+  jax.config.update("jax_enable_compilation_cache", cached)
   return {"ratios": ratios, "sampler_gaps": gaps}
 
 

@@ -15,7 +15,8 @@ from tests.xla_flags import with_host_devices
 
 
 def env(devices: int) -> dict:
-  return {**os.environ, "XLA_FLAGS": with_host_devices(devices), "JAX_PLATFORMS": "cpu"}
+  """The environment of a launch on `devices` host devices, compiling at XLA's default level (tests/xla_flags.py)."""
+  return {**os.environ, "XLA_FLAGS": with_host_devices(devices, suite_flags=False), "JAX_PLATFORMS": "cpu"}
 
 
 def free_port() -> int:
