@@ -21,12 +21,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
-# After the settings above: importing glmrl imports JAX, which reads them.
-from glmrl import gc_tuning  # noqa: E402
-from tests import xla_flags  # noqa: E402
+from glmrl import gc_tuning  # noqa: E402  (after the settings above: importing glmrl imports JAX, which reads them)
 
 gc_tuning.for_tracing()  # the workers trace as main.py does
-xla_flags.use_suite_flags_on_cpu()  # LLVM at -O1 (tests/xla_flags.py)
 
 
 @pytest.fixture(scope="session")

@@ -40,7 +40,7 @@ def test_per_device_samples_splits_rows_over_batch_devices_and_keeps_the_vae_exa
 
   script = """
 import os
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"  # 8 host devices, also where a GPU is the default backend
 import functools, glmrl, jax, jax.numpy as jnp, numpy as np
 from flax import nnx

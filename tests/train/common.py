@@ -9,7 +9,6 @@ import sys
 from configs import demo
 from glmrl import gc_tuning
 from tests.cli import ROOT, TIMEOUT_S
-from tests.xla_flags import with_host_devices
 
 
 def tiny_config(**overrides):
@@ -56,7 +55,7 @@ def device_run_args():
   parser.add_argument("--workdir", required=True)
   args = parser.parse_args()
   gc_tuning.for_tracing()  # as main.py runs
-  os.environ["XLA_FLAGS"] = with_host_devices(args.devices)
+  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
   os.environ["JAX_PLATFORMS"] = "cpu"  # the host devices, also where a GPU is the default backend
   return args, meshes(args)[0]
 

@@ -11,12 +11,10 @@ import tempfile
 import numpy as np
 
 from tests.cli import ROOT, TIMEOUT_S
-from tests.xla_flags import with_host_devices
 
 
 def env(devices: int) -> dict:
-  """The environment of a launch on `devices` host devices, compiling at XLA's default level (tests/xla_flags.py)."""
-  return {**os.environ, "XLA_FLAGS": with_host_devices(devices, suite_flags=False), "JAX_PLATFORMS": "cpu"}
+  return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
 
 
 def free_port() -> int:

@@ -54,7 +54,7 @@ def test_splash_per_device_on_a_mesh(tmp_path):
 
   script = """
 import os
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"  # 8 host devices, also where a GPU is the default backend
 import glmrl, jax, jax.numpy as jnp, numpy as np
 from glmrl import sharding
