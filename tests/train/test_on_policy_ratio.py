@@ -13,13 +13,14 @@ import pytest
 
 from tests.cli import completed
 from tests.train.common import MULTIDEVICE_MESHES, multidevice_runs
+from tests.train.multidevice_run import RATIO_MICRO_BATCHES
 
 
 @pytest.mark.xdist_group("multidevice")  # the runs of tests/train/test_multidevice.py
 @pytest.mark.parametrize("devices", [1, 8])
 def test_first_iteration_ratio_is_one(devices, shared_runs):
   result = multidevice_runs(shared_runs, devices)[MULTIDEVICE_MESHES[devices][0]]
-  micros = (1, 2, 4) if devices == 1 else (1, 2)
+  micros = RATIO_MICRO_BATCHES[devices]
   assert sorted(result["ratios"]) == sorted(f"{d}/{m}" for d in ("float32", "bfloat16") for m in micros)
   for key, (low, high) in result["ratios"].items():
     assert abs(low - 1.0) <= 1e-6 and abs(high - 1.0) <= 1e-6, (key, low, high)
