@@ -4,6 +4,7 @@ Many tests build the same tiny models and compile the same programs (several tra
 test, subprocess runs); the cache turns their repeated compilations into loads.
 """
 
+import ctypes.util
 import os
 import subprocess
 import tempfile
@@ -20,6 +21,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # TPU. Off Google Cloud it must not wait for the metadata server.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+# jemalloc under the workers (started after this file is read) and every process they launch, where it is installed
+# (.ci/run installs it): XLA:CPU's compiler makes and frees many small objects, and glibc's malloc took ~12% of a
+# compiling launch's CPU time (perf). docs/performance.md has the measurement; numerics do not depend on it.
+if "LD_PRELOAD" not in os.environ and (_jemalloc := ctypes.util.find_library("jemalloc")):
+  os.environ["LD_PRELOAD"] = _jemalloc
 
 from glmrl import gc_tuning  # noqa: E402  (after the settings above: importing glmrl imports JAX, which reads them)
 
