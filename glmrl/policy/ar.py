@@ -150,13 +150,15 @@ def update(graphdef, params, frozen, opt_state, rollout: Rollout, ref_params=Non
   return new_params, new_opt_state, metrics, (old_logp, ref_logp)
 
 
-def token_mask(layout, loss_tokens: str) -> jnp.ndarray:
-  """[N] 1.0 for the generated tokens the loss covers: all of them, or only the target grid's."""
+@functools.partial(jax.jit, static_argnames=("layout", "loss_tokens"))
+def loss_mask(keep_B, *, layout, loss_tokens: str) -> jnp.ndarray:
+  """[B, N] the kept rows' generated tokens the loss covers: all of them, or only the target grid's."""
   n = layout.num_new_tokens
   if loss_tokens == "all":
-    return jnp.ones((n,), jnp.float32)
-  target = layout.grid_slice(layout.target)
-  return jnp.zeros((n,), jnp.float32).at[target].set(1.0)
+    per_token_N = jnp.ones((n,), jnp.float32)
+  else:
+    per_token_N = jnp.zeros((n,), jnp.float32).at[layout.grid_slice(layout.target)].set(1.0)
+  return keep_B[:, None] * per_token_N[None, :]
 
 
 @functools.partial(jax.jit, static_argnames=("forced_end",))
@@ -231,7 +233,7 @@ class ArPolicy(BoundPolicy):
 
   def rollout_batch(self, sampled, advantages, keep) -> Rollout:
     sample = sampled.sample
-    mask = keep[:, None] * token_mask(sample.layout, self.config.grpo.loss_tokens)[None, :]
+    mask = loss_mask(keep, layout=sample.layout, loss_tokens=self.config.grpo.loss_tokens)
     not_yet = jnp.full_like(sample.logprobs, jnp.nan)  # the first update's output (same shape: one program)
     return Rollout(sequence_ids=sample.sequence_ids, positions=sample.positions, valid=sample.valid,
                    sampler_logp=sample.logprobs, old_logp=not_yet, advantages=advantages, mask=mask,

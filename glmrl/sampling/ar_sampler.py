@@ -136,6 +136,16 @@ def sample_ids(model, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN, k
   decode_Bx3xN = jnp.asarray(decode_Bx3xN, jnp.int32)
   tokens_BxN, logprobs_BxN = _sample_ids(graphdef, state, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN,
                                        keys_B, layout=layout, cfg=cfg)
+  return _sample_output(tokens_BxN, logprobs_BxN, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN,
+                        layout=layout)
+
+
+@functools.partial(jax.jit, static_argnames=("layout",))
+def _sample_output(tokens_BxN, logprobs_BxN, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN, *,
+                   layout: GenerationLayout) -> SampleOutput:
+  """The sampled tokens with their grids and the whole sequences, in one program (op by op, each slice and
+  concatenation was one)."""
+  b, l = input_ids_BxL.shape
   (th, tw), target_slice = layout.target_hw, layout.grid_slice(layout.target)
   preview = None
   if layout.preview_hw is not None:
@@ -145,7 +155,8 @@ def sample_ids(model, input_ids_BxL, valid_BxL, positions_3xBxL, decode_Bx3xN, k
       tokens=tokens_BxN, logprobs=logprobs_BxN, target=tokens_BxN[:, target_slice].reshape(b, th, tw),
       preview=preview, sequence_ids=jnp.concatenate([input_ids_BxL, tokens_BxN], axis=1),
       positions=jnp.concatenate([positions_3xBxL, jnp.transpose(decode_Bx3xN, (1, 0, 2))], axis=2),
-      valid=jnp.concatenate([valid_BxL, jnp.ones((b, n), bool)], axis=1), prompt_len=l, layout=layout)
+      valid=jnp.concatenate([valid_BxL, jnp.ones((b, layout.num_new_tokens), bool)], axis=1), prompt_len=l,
+      layout=layout)
 
 
 def sample(model, batch: TokenizedPrompts, keys_B, cfg: SamplingConfig = SamplingConfig()) -> SampleOutput:

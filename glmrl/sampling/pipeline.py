@@ -334,12 +334,7 @@ class GlmImagePipeline:
       neg = tokenize_glyph_texts([""], self.glyph_tokenizer)
       self._neg_glyph = (_encode_glyph(graphdef, params, neg), jnp.asarray(neg.gather_mask))
     cond = _encode_glyph(graphdef, params, prepared.glyph)
-    p = len(prepared.prompts)
-    b = p * group_size
-    neg_embeds, neg_mask = self._neg_glyph
-    return (jnp.repeat(cond, group_size, axis=0), jnp.repeat(jnp.asarray(prepared.glyph.gather_mask), group_size, 0),
-            jnp.broadcast_to(neg_embeds, (b,) + neg_embeds.shape[1:]),
-            jnp.broadcast_to(neg_mask, (b,) + neg_mask.shape[1:]))
+    return _repeat_glyphs(cond, prepared.glyph.gather_mask, *self._neg_glyph, group_size=group_size)
 
   @property
   def latent_shape(self) -> tuple[int, int, int]:
@@ -367,11 +362,8 @@ class GlmImagePipeline:
 
   def conditioning(self, prepared: Prepared, target_Bxhxw, group_size: int) -> Conditioned:
     """The DiT conditioning, target sizes and crops of `group_size` rows per prompt."""
-    glyph, mask, neg, neg_mask = self.glyph_embeddings(prepared, group_size)
-    cond = decode.Conditioning(decode.upsample_prior_tokens(target_Bxhxw), glyph, mask, neg, neg_mask)
-    b = target_Bxhxw.shape[0]
-    target_size = jnp.tile(jnp.array([[self.spec.height, self.spec.width]], jnp.float32), (b, 1))
-    return Conditioned(cond, target_size, jnp.zeros((b, 2), jnp.float32))
+    return _conditioned(target_Bxhxw, self.glyph_embeddings(prepared, group_size),
+                        size=(self.spec.height, self.spec.width))
 
   def dit_params(self, dit_params=None):
     """`dit_params` (a state or a tuple of states, e.g. (adapters, base)) or the pipeline's own DiT state."""
@@ -448,3 +440,19 @@ class GlmImagePipeline:
 @functools.partial(jax.jit, static_argnums=0)
 def _encode_glyph(graphdef, params, tokens):
   return encode_glyph_embeds(nnx.merge(graphdef, params), tokens)
+
+
+# The conditioning's repeats and broadcasts as one program each (op by op, each was its own).
+@functools.partial(jax.jit, static_argnames=("group_size",))
+def _repeat_glyphs(glyph_PxSxD, mask_PxS, neg_1xSxD, neg_mask_1xS, *, group_size: int) -> tuple:
+  b = glyph_PxSxD.shape[0] * group_size
+  return (jnp.repeat(glyph_PxSxD, group_size, axis=0), jnp.repeat(mask_PxS, group_size, axis=0),
+          jnp.broadcast_to(neg_1xSxD, (b,) + neg_1xSxD.shape[1:]),
+          jnp.broadcast_to(neg_mask_1xS, (b,) + neg_mask_1xS.shape[1:]))
+
+
+@functools.partial(jax.jit, static_argnames=("size",))
+def _conditioned(target_Bxhxw, glyphs: tuple, *, size: tuple[int, int]) -> Conditioned:
+  b = target_Bxhxw.shape[0]
+  cond = decode.Conditioning(decode.upsample_prior_tokens(target_Bxhxw), *glyphs)
+  return Conditioned(cond, jnp.tile(jnp.array([size], jnp.float32), (b, 1)), jnp.zeros((b, 2), jnp.float32))

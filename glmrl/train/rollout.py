@@ -68,16 +68,22 @@ class RolloutResult:
 
 
 def _reward_metrics(prefix: str, total, components, advantages, zero_var) -> dict:
+  return {prefix + k: v for k, v in _reward_stats(total, components, advantages, zero_var).items()}
+
+
+@jax.jit
+def _reward_stats(total, components, advantages, zero_var) -> dict:
+  """The rollout's reward and advantage scalars, one program (op by op, each mean and spread was its own)."""
   out = {
-      f"{prefix}reward/zero_variance_group_frac": zero_var,
-      f"{prefix}advantage/mean": jnp.mean(advantages),
-      f"{prefix}advantage/std": jnp.std(advantages),
-      f"{prefix}reward/mean": jnp.mean(total),
-      f"{prefix}reward/std": jnp.std(total),
+      "reward/zero_variance_group_frac": zero_var,
+      "advantage/mean": jnp.mean(advantages),
+      "advantage/std": jnp.std(advantages),
+      "reward/mean": jnp.mean(total),
+      "reward/std": jnp.std(total),
   }
   for name, s in components.items():
-    out[f"{prefix}reward/{name}/mean"] = jnp.mean(s)
-    out[f"{prefix}reward/{name}/std"] = jnp.std(s)
+    out[f"reward/{name}/mean"] = jnp.mean(s)
+    out[f"reward/{name}/std"] = jnp.std(s)
   return out
 
 
