@@ -23,7 +23,8 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 # jemalloc under the workers (started after this file is read) and every process they launch, where it is installed
 # (.ci/run installs it): XLA:CPU's compiler makes and frees many small objects, and glibc's malloc took ~12% of a
-# compiling launch's CPU time (perf). docs/performance.md has the measurement; numerics do not depend on it.
+# compiling launch's CPU time (perf); the suite took ~9% less wall time on jemalloc (docs/install.md, measurements
+# in docs/benchmarks.md). Numerics do not depend on the allocator.
 if "LD_PRELOAD" not in os.environ and (_jemalloc := ctypes.util.find_library("jemalloc")):
   os.environ["LD_PRELOAD"] = _jemalloc
 
