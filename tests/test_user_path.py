@@ -98,7 +98,7 @@ def test_released_lora_config_trains_as_two_processes(converted, tmp_path):
   multi, _ = pod_and_single(tmp_path, "--config=configs/glm_image_t2i_lora.py:tiny",
                             f"--config.model.checkpoint_dir={ckpt}", *POD, CONTINUOUS,
                             "--config.optim.learning_rate=1e-3")
-  # Adapters only: the record of their settings and base beside the checkpoint of step 2.
+  # The adapters' record (their settings and base) beside the checkpoint of step 2.
   assert (multi / "checkpoints" / "lora.json").is_file() and (multi / "checkpoints" / "2").is_dir()
 
 

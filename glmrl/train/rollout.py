@@ -67,10 +67,6 @@ class RolloutResult:
   tokens: int                     # generated tokens of the rollout
 
 
-def _reward_metrics(prefix: str, total, components, advantages, zero_var) -> dict:
-  return {prefix + k: v for k, v in _reward_stats(total, components, advantages, zero_var).items()}
-
-
 @jax.jit
 def _reward_stats(total, components, advantages, zero_var) -> dict:
   """The rollout's reward and advantage scalars, one program (op by op, each mean and spread was its own)."""
@@ -135,7 +131,8 @@ def collect(run, data_batch, key, trainables: dict, step: int = 0) -> RolloutRes
         std_eps=composer.std_eps, drop_constant=cfg.grpo.drop_zero_variance_groups)
     batches[name] = policy.rollout_batch(sampled, advantages, keep_B)
     shapes[name] = policy.update_shape(sampled)
-    extra.update(_reward_metrics(policy.prefix(tuple(run.policies)), total, components, advantages, zero_var))
+    prefix = policy.prefix(tuple(run.policies))
+    extra.update({prefix + k: v for k, v in _reward_stats(total, components, advantages, zero_var).items()})
     first_total = total if first_total is None else first_total
   jax.block_until_ready(first_total)
   t2 = time.perf_counter()
