@@ -6,10 +6,11 @@ as on a pod, 2 processes x 4 host devices, and log the per-step metrics of 1 pro
 (`tests.train.processes.pod_and_single`), with 16 images decoded in two calls and micro-batches of 4 rows over 8
 devices (each partly replicated); the exports read the checkpoints the two processes wrote. The decoupled recipe is
 the LoRA recipe (`glm_image_t2i_lora.py`, whose generator adapters it trains) with the decoder's adapters beside;
-the text-to-image recipe's pod run in the README's command is the demo's (tests/train/test_multihost.py: resume, eval
-and generate as 2 processes), the same policy on the same config code. `-m pods` adds the pod pairs of the
-text-to-image, LoRA, image-to-image and DiffusionNFT recipes. The text-to-image recipes' JPEG-size reward
-(discontinuous in the pixels) is weighted 1e-4 beside brightness (tests/train/test_multihost.py says why).
+every released recipe trains so (text-to-image, its LoRA variant, image-to-image, decoupled with Flow-GRPO and with
+DiffusionNFT on the decoder), each against a run of 1 process x 8 that the other worker makes first
+(`makes_reference`) and that carries the checks of one process; the demo's pod test also resumes, evaluates and
+generates as 2 processes (tests/train/test_multihost.py). The text-to-image recipes' JPEG-size reward (discontinuous
+in the pixels) is weighted 1e-4 beside brightness (tests/train/test_multihost.py says why).
 """
 
 import json
@@ -83,23 +84,44 @@ def test_released_t2i_config_trains_and_its_export_loads_in_diffusers(converted,
 
 
 @pytest.mark.xdist_group("pod")
-@pytest.mark.pods
 def test_released_t2i_config_trains_as_two_processes(converted, shared_runs, tmp_path):
   pod_and_single(tmp_path, *_t2i(converted), single=lambda: _t2i_single(shared_runs, converted))
 
 
-@pytest.mark.xdist_group("pod")
-@pytest.mark.pods
-def test_released_lora_config_trains_as_two_processes(converted, tmp_path):
-  """configs/glm_image_t2i_lora.py:tiny (its adapters' exports: the decoupled pod test below, which trains the same
-  generator adapters). The tiny recipe's learning rate 1e-2 moves each adapter weight by about that much per update,
-  and the two launches then sampled other tokens at step 2 (rewards 0.18% apart in mean, 18% in spread)."""
+def _lora(converted):
+  """configs/glm_image_t2i_lora.py:tiny on the converted folder. Its learning rate 1e-2 moves each adapter weight by
+  about that much per update, and the two layouts then sampled other tokens at step 2 (rewards 0.18% apart in mean,
+  18% in spread): 1e-3 here."""
   _, ckpt = converted
-  multi, _ = pod_and_single(tmp_path, "--config=configs/glm_image_t2i_lora.py:tiny",
-                            f"--config.model.checkpoint_dir={ckpt}", *POD, CONTINUOUS,
-                            "--config.optim.learning_rate=1e-3")
-  # The adapters' record (their settings and base) beside the checkpoint of step 2.
-  assert (multi / "checkpoints" / "lora.json").is_file() and (multi / "checkpoints" / "2").is_dir()
+  return ("--config=configs/glm_image_t2i_lora.py:tiny", f"--config.model.checkpoint_dir={ckpt}", *POD, CONTINUOUS,
+          "--config.optim.learning_rate=1e-3")
+
+
+def _lora_single(shared_runs, converted):
+  """The LoRA recipe as 1 process x 8 devices (made once per session): the pod test's reference."""
+  return shared_runs("lora_1x8", lambda folder: launch(folder, *_lora(converted), processes=1, devices=8))
+
+
+@pytest.mark.makes_reference
+def test_released_lora_config_trains_its_adapters_on_eight_devices(converted, shared_runs):
+  """configs/glm_image_t2i_lora.py:tiny: on-policy at every step, the adapters' record (their settings and base)
+  beside the checkpoint of step 2 (their exports: the decoupled pod test below, which trains the same generator
+  adapters)."""
+  workdir = _lora_single(shared_runs, converted)
+  rows = _rows(workdir)
+  assert [r["step"] for r in rows] == [1, 2]
+  for r in rows:
+    assert r["first_iter/ratio/min"] == r["first_iter/ratio/max"] == 1.0, r
+  record = json.loads((workdir / "checkpoints" / "lora.json").read_text())
+  assert (record["rank"], record["alpha"]) == (4, 8.0), record
+  assert (workdir / "checkpoints" / "2" / "params").is_dir()
+
+
+@pytest.mark.xdist_group("pod")
+def test_released_lora_config_trains_as_two_processes(converted, shared_runs, tmp_path):
+  multi, _ = pod_and_single(tmp_path, *_lora(converted), single=lambda: _lora_single(shared_runs, converted))
+  assert (multi / "checkpoints" / "lora.json").read_text() == (_lora_single(shared_runs, converted) / "checkpoints" /
+                                                               "lora.json").read_text()
 
 
 def _i2i(converted):
@@ -133,11 +155,10 @@ def test_released_i2i_config_trains_and_evaluates_past_step_two(converted, share
 
 
 @pytest.mark.xdist_group("pod")
-@pytest.mark.pods
 def test_released_i2i_config_trains_and_evaluates_as_two_processes(converted, shared_runs, tmp_path):
-  multi, single = pod_and_single(tmp_path, *_i2i(converted), single=lambda: _i2i_single(shared_runs, converted))
-  np.testing.assert_allclose(_assert_trained_past_evaluation(multi), _assert_trained_past_evaluation(single),
-                             rtol=1e-3)
+  """The evaluation at step 2 as well: its reward is one of the per-step metrics compared (`pod_and_single`)."""
+  multi, _ = pod_and_single(tmp_path, *_i2i(converted), single=lambda: _i2i_single(shared_runs, converted))
+  _assert_trained_past_evaluation(multi)
 
 
 def _ar_inputs(cfg):
@@ -275,16 +296,35 @@ def test_decoupled_run_as_two_processes_exports_adapters_that_peft_and_diffusers
   np.testing.assert_allclose(after_merged.numpy(), after.numpy(), rtol=0, atol=1e-4)
 
 
-@pytest.mark.xdist_group("pod")
-@pytest.mark.pods
-def test_decoupled_nft_run_trains_as_two_processes(converted, tmp_path):
-  """DiffusionNFT on the decoder (the moving average as its old policy, kept and checkpointed) beside GRPO on the
-  generator."""
+def _nft(converted):
+  """The decoupled recipe with DiffusionNFT on the decoder (the moving average as its old policy, kept and
+  checkpointed) beside GRPO on the generator."""
   _, ckpt = converted
-  multi, _ = pod_and_single(tmp_path, "--config=configs/glm_image_t2i_decoupled.py:tiny",
-                            f"--config.model.checkpoint_dir={ckpt}", "--config.decoder.algorithm=nft",
-                            "--config.decoder.ema.every=1", *DECOUPLED)
-  assert (multi / "checkpoints" / "2").is_dir()
+  return ("--config=configs/glm_image_t2i_decoupled.py:tiny", f"--config.model.checkpoint_dir={ckpt}",
+          "--config.decoder.algorithm=nft", "--config.decoder.ema.every=1", *DECOUPLED)
+
+
+def _nft_single(shared_runs, converted):
+  """The pod test's reference: `_nft` as 1 process x 8 devices (made once per session)."""
+  return shared_runs("nft_1x8", lambda folder: launch(folder, *_nft(converted), processes=1, devices=8))
+
+
+@pytest.mark.makes_reference
+def test_the_decoupled_nft_recipe_keeps_its_moving_average_on_eight_devices(shared_runs, converted):
+  """The generator on-policy at every step (DiffusionNFT has no ratio); the checkpoint of step 2 holds each policy's
+  trained state and the decoder's moving average."""
+  single = _nft_single(shared_runs, converted)
+  rows = _rows(single)
+  assert [r["step"] for r in rows] == [1, 2]
+  assert all(r["ar/first_iter/ratio/min"] == r["ar/first_iter/ratio/max"] == 1.0 for r in rows)
+  assert {"params", "opt_state", "decoder_params", "decoder_opt_state", "decoder_ema"} <= set(
+      os.listdir(single / "checkpoints" / "2"))
+
+
+@pytest.mark.xdist_group("pod")
+def test_decoupled_nft_run_trains_as_two_processes(converted, shared_runs, tmp_path):
+  multi, _ = pod_and_single(tmp_path, *_nft(converted), single=lambda: _nft_single(shared_runs, converted))
+  assert "decoder_ema" in os.listdir(multi / "checkpoints" / "2")
 
 
 def test_the_hps_recipe_trains_on_both_preference_rewards_and_its_evaluation_reports_them(shared_runs, tmp_path):

@@ -87,14 +87,19 @@ def assert_same_metrics(got: list[dict], want: list[dict], keys, rtol_first: flo
                         rtol_grad_first: float | None = None):
   """The same logged steps, and each of `keys` (present in `want`) equal within `rtol_first` relative at step 1
   (the same initial parameters; gradient norms within `rtol_grad_first`, default `rtol_first`) and `rtol` after
-  updates; every first update on-policy (ratio exactly 1)."""
+  updates; every first update on-policy (ratio exactly 1). A row holding none of `keys` (a record of another kind:
+  the evaluation's reward-hacking flag) is the same in both; every step has a row that holds some."""
   assert [r["step"] for r in got] == [r["step"] for r in want]
+  steps_compared = set()
   for a, b in zip(got, want):
     # Not the JPEG size's spread: one image a few bytes apart (a pixel rounded the other way) moves the spread of
     # 16 images by 0.2%, and nothing else depends on it (its mean is compared, within 1e-3).
     compared = [k for k in b if any(k == p or k.startswith(p + "/") for p in keys)
                 and not ("jpeg" in k and k.endswith("/std"))]
-    assert compared, f"none of {keys} logged"
+    if not compared:
+      assert a == b, (a, b)
+      continue
+    steps_compared.add(a["step"])
     for k in compared:
       # The JPEG size jumps by bytes when one pixel rounds the other way (tests/train/test_multihost.py).
       tol = rtol_first if a["step"] == 1 else rtol
@@ -105,28 +110,27 @@ def assert_same_metrics(got: list[dict], want: list[dict], keys, rtol_first: flo
       np.testing.assert_allclose(a[k], b[k], rtol=tol, atol=atol, err_msg=f"step {a['step']} {k}")
     for k in (k for k in a if k.endswith("first_iter/ratio/min") or k.endswith("first_iter/ratio/max")):
       assert a[k] == 1.0, (a["step"], k, a[k])
+  assert steps_compared == {r["step"] for r in want}, f"none of {keys} logged at some step"
 
 
-# Per-step metrics a pod run and a one-process run must share (each with its policy prefix, if any).
+# Per-step metrics a pod run and a one-process run must share (each with its policy prefix, if any; an evaluation
+# during training logs eval/reward).
 KEYS = ("reward", "grad_norm", "advantage/std", "ar/reward", "ar/grad_norm", "ar/advantage/std", "decoder/reward",
-        "decoder/grad_norm", "decoder/advantage/std")
+        "decoder/grad_norm", "decoder/advantage/std", "eval/reward")
 
 
-def pod_and_single(root, *flags, single=None) -> tuple:
-  """`flags` trained as 2 processes x 4 host devices into root/multi and as 1 process x 8 into root/single (or
-  `single()`, once the 2 processes are done: the folder the same flags were trained into, e.g. a shared run); asserts the decoder took several
-  calls (16 images: one per device per call), the defaults' choices on host devices, and the same per-step metrics:
-  step 1 (the same initial parameters; the launches' collectives sum in other orders) within 1e-5 relative, step 2
-  (after an update) within 1e-3. Step 1's gradient norms within 1e-3: a gradient of zero-mean advantages is a
-  difference of per-sample terms many times its size, and the launches' summation orders (with bfloat16 compute in
-  the released configs) left them up to 1.1e-4 apart where the rewards agreed within 1e-5. Returns (multi, single)."""
+def pod_and_single(root, *flags, single) -> tuple:
+  """`flags` trained as 2 processes x 4 host devices into root/multi, against `single()`: the folder the same flags
+  were trained into as 1 process x 8 (a shared run, tests/shared_runs.py, which the other worker makes first), read
+  once the 2 processes are done. Asserts the decoder took several calls (16 images: one per device per call), the
+  defaults' choices on host devices, and the same per-step metrics: step 1 (the same initial parameters; the
+  launches' collectives sum in other orders) within 1e-5 relative, step 2 (after an update) within 1e-3. Step 1's
+  gradient norms within 1e-3: a gradient of zero-mean advantages is a difference of per-sample terms many times its
+  size, and the launches' summation orders (with bfloat16 compute in the released configs) left them up to 1.1e-4
+  apart where the rewards agreed within 1e-5. Returns (multi, single)."""
   multi = root / "multi"
   errs = launch(multi, *flags)
-  if single is None:
-    single = root / "single"
-    launch(single, *flags, processes=1, devices=8)
-  else:
-    single = single()
+  single = single()
   assert "decoder calls of 8 samples" in errs[0]
   assert "config.model.dit_attention=auto -> 'xla'" in errs[0]  # no flash kernel on CPUs
   assert "config.rollout.ar_weights=auto -> 'gathered'" in errs[0]  # the tiny generator's copy fits
