@@ -1,16 +1,16 @@
 """The released-model path as users run it: configs, training, export. main.py runs as a subprocess where the run
 spans 8 devices or 2 processes, and as its `__main__` in the test's process on one device (the :hps recipe).
 
-The released recipes train on the converted folder, shrunk by flags. The image-to-image and decoupled recipes train
-as on a pod, 2 processes x 4 host devices, and log the per-step metrics of 1 process x 8 devices
-(`tests.train.processes.pod_and_single`), with 16 images decoded in two calls and micro-batches of 4 rows over 8
-devices (each partly replicated); the exports read the checkpoints the two processes wrote. The decoupled recipe is
-the LoRA recipe (`glm_image_t2i_lora.py`, whose generator adapters it trains) with the decoder's adapters beside;
-every released recipe trains so (text-to-image, its LoRA variant, image-to-image, decoupled with Flow-GRPO and with
-DiffusionNFT on the decoder), each against a run of 1 process x 8 that the other worker makes first
-(`makes_reference`) and that carries the checks of one process; the demo's pod test also resumes, evaluates and
-generates as 2 processes (tests/train/test_multihost.py). The text-to-image recipes' JPEG-size reward (discontinuous
-in the pixels) is weighted 1e-4 beside brightness (tests/train/test_multihost.py says why).
+The released recipes train on the converted folder, shrunk by flags, each as on a pod, 2 processes x 4 host
+devices, against a run of 1 process x 8 that the other worker makes first (`makes_reference`) and that carries the
+checks of one process: the same per-step metrics (`tests.train.processes.pod_and_single`), with 16 images decoded in
+two calls and micro-batches of 4 rows over 8 devices (each partly replicated). So train the text-to-image recipe, its
+LoRA variant, the image-to-image recipe (with an evaluation during training) and the decoupled recipe with Flow-GRPO
+and with DiffusionNFT on the decoder; the decoupled recipe (the LoRA recipe, whose generator adapters it trains, with
+the decoder's adapters beside) is exported from the checkpoints its two processes wrote. The demo's pod test also
+resumes, evaluates and generates as 2 processes (tests/train/test_multihost.py). The text-to-image recipes'
+JPEG-size reward (discontinuous in the pixels) is weighted 1e-4 beside brightness (tests/train/test_multihost.py says
+why).
 """
 
 import json
@@ -119,9 +119,8 @@ def test_released_lora_config_trains_its_adapters_on_eight_devices(converted, sh
 
 @pytest.mark.xdist_group("pod")
 def test_released_lora_config_trains_as_two_processes(converted, shared_runs, tmp_path):
-  multi, _ = pod_and_single(tmp_path, *_lora(converted), single=lambda: _lora_single(shared_runs, converted))
-  assert (multi / "checkpoints" / "lora.json").read_text() == (_lora_single(shared_runs, converted) / "checkpoints" /
-                                                               "lora.json").read_text()
+  multi, single = pod_and_single(tmp_path, *_lora(converted), single=lambda: _lora_single(shared_runs, converted))
+  assert (multi / "checkpoints" / "lora.json").read_text() == (single / "checkpoints" / "lora.json").read_text()
 
 
 def _i2i(converted):
