@@ -48,15 +48,23 @@ def converted(tiny_released):
   return tiny_released
 
 
+
+def _single(shared_runs, converted, recipe):
+  """`recipe(converted)`'s flags trained as 1 process x 8 devices, made once per session (`RECIPE_1x8`): the
+  reference of that recipe's pod test."""
+  name = f"{recipe.__name__.strip('_')}_1x8"
+  return shared_runs(name, lambda folder: launch(folder, *recipe(converted), processes=1, devices=8))
+
+
+def _pod(tmp_path, shared_runs, converted, recipe):
+  """`recipe(converted)` as 2 processes x 4 against its reference (`_single`): `pod_and_single`'s (multi, single)."""
+  return pod_and_single(tmp_path, *recipe(converted), single=lambda: _single(shared_runs, converted, recipe))
+
+
 def _t2i(converted):
   _, ckpt = converted
   return ("--config=configs/glm_image_t2i.py", f"--config.model.checkpoint_dir={ckpt}",
           "--config.data.prompts_file=configs/data/demo_prompts.txt", *POD, CONTINUOUS)
-
-
-def _t2i_single(shared_runs, converted):
-  """The text-to-image recipe as 1 process x 8 devices (made once per session): the pod test's reference."""
-  return shared_runs("t2i_1x8", lambda folder: launch(folder, *_t2i(converted), processes=1, devices=8))
 
 
 @pytest.mark.makes_reference
@@ -67,7 +75,7 @@ def test_released_t2i_config_trains_and_its_export_loads_in_diffusers(converted,
   import torch
 
   hf_dir, _ = converted
-  workdir = _t2i_single(shared_runs, converted)
+  workdir = _single(shared_runs, converted, _t2i)
   rows = _rows(workdir)
   assert [r["step"] for r in rows] == [1, 2]
   for r in rows:  # bf16 compute, as released: the on-policy ratio is still exactly 1
@@ -85,7 +93,7 @@ def test_released_t2i_config_trains_and_its_export_loads_in_diffusers(converted,
 
 @pytest.mark.xdist_group("pod")
 def test_released_t2i_config_trains_as_two_processes(converted, shared_runs, tmp_path):
-  pod_and_single(tmp_path, *_t2i(converted), single=lambda: _t2i_single(shared_runs, converted))
+  _pod(tmp_path, shared_runs, converted, _t2i)
 
 
 def _lora(converted):
@@ -97,17 +105,12 @@ def _lora(converted):
           "--config.optim.learning_rate=1e-3")
 
 
-def _lora_single(shared_runs, converted):
-  """The LoRA recipe as 1 process x 8 devices (made once per session): the pod test's reference."""
-  return shared_runs("lora_1x8", lambda folder: launch(folder, *_lora(converted), processes=1, devices=8))
-
-
 @pytest.mark.makes_reference
 def test_released_lora_config_trains_its_adapters_on_eight_devices(converted, shared_runs):
   """configs/glm_image_t2i_lora.py:tiny: on-policy at every step, the adapters' record (their settings and base)
   beside the checkpoint of step 2 (their exports: the decoupled pod test below, which trains the same generator
   adapters)."""
-  workdir = _lora_single(shared_runs, converted)
+  workdir = _single(shared_runs, converted, _lora)
   rows = _rows(workdir)
   assert [r["step"] for r in rows] == [1, 2]
   for r in rows:
@@ -119,7 +122,7 @@ def test_released_lora_config_trains_its_adapters_on_eight_devices(converted, sh
 
 @pytest.mark.xdist_group("pod")
 def test_released_lora_config_trains_as_two_processes(converted, shared_runs, tmp_path):
-  multi, single = pod_and_single(tmp_path, *_lora(converted), single=lambda: _lora_single(shared_runs, converted))
+  multi, single = _pod(tmp_path, shared_runs, converted, _lora)
   assert (multi / "checkpoints" / "lora.json").read_text() == (single / "checkpoints" / "lora.json").read_text()
 
 
@@ -143,20 +146,15 @@ def _assert_trained_past_evaluation(workdir):
   return evaluations[0]["eval/reward/mean"]
 
 
-def _i2i_single(shared_runs, converted):
-  """The image-to-image recipe as 1 process x 8 devices (made once per session): the pod test's reference."""
-  return shared_runs("i2i_1x8", lambda folder: launch(folder, *_i2i(converted), processes=1, devices=8))
-
-
 @pytest.mark.makes_reference
 def test_released_i2i_config_trains_and_evaluates_past_step_two(converted, shared_runs):
-  _assert_trained_past_evaluation(_i2i_single(shared_runs, converted))
+  _assert_trained_past_evaluation(_single(shared_runs, converted, _i2i))
 
 
 @pytest.mark.xdist_group("pod")
 def test_released_i2i_config_trains_and_evaluates_as_two_processes(converted, shared_runs, tmp_path):
   """The evaluation at step 2 as well: its reward is one of the per-step metrics compared (`pod_and_single`)."""
-  multi, _ = pod_and_single(tmp_path, *_i2i(converted), single=lambda: _i2i_single(shared_runs, converted))
+  multi, _ = _pod(tmp_path, shared_runs, converted, _i2i)
   _assert_trained_past_evaluation(multi)
 
 
@@ -202,15 +200,10 @@ def _decoupled(converted):
           "--config.model.remat=True", "--config.decoder.train_steps=3", *DECOUPLED)
 
 
-def _decoupled_single(shared_runs, converted):
-  """The pod test's reference: the decoupled recipe as 1 process x 8 devices (made once per session)."""
-  return shared_runs("decoupled_1x8", lambda folder: launch(folder, *_decoupled(converted), processes=1, devices=8))
-
-
 @pytest.mark.makes_reference
 def test_the_decoupled_recipe_trains_on_eight_devices_of_one_process(shared_runs, converted):
   """Both policies on-policy at every step, each one's trained state in the checkpoint of step 2."""
-  single = _decoupled_single(shared_runs, converted)
+  single = _single(shared_runs, converted, _decoupled)
   rows = _rows(single)
   assert [r["step"] for r in rows] == [1, 2]
   assert all(r[f"{p}first_iter/ratio/min"] == r[f"{p}first_iter/ratio/max"] == 1.0
@@ -238,7 +231,7 @@ def test_decoupled_run_as_two_processes_exports_adapters_that_peft_and_diffusers
   from glmrl.train import setup
 
   _, ckpt = converted
-  workdir, _ = pod_and_single(tmp_path, *_decoupled(converted), single=lambda: _decoupled_single(shared_runs, converted))
+  workdir, _ = _pod(tmp_path, shared_runs, converted, _decoupled)
   rows = _rows(workdir)
   assert all(r[f"{p}first_iter/ratio/min"] == r[f"{p}first_iter/ratio/max"] == 1.0
              for r in rows for p in ("ar/", "decoder/"))
@@ -303,16 +296,11 @@ def _nft(converted):
           "--config.decoder.algorithm=nft", "--config.decoder.ema.every=1", *DECOUPLED)
 
 
-def _nft_single(shared_runs, converted):
-  """The pod test's reference: `_nft` as 1 process x 8 devices (made once per session)."""
-  return shared_runs("nft_1x8", lambda folder: launch(folder, *_nft(converted), processes=1, devices=8))
-
-
 @pytest.mark.makes_reference
 def test_the_decoupled_nft_recipe_keeps_its_moving_average_on_eight_devices(shared_runs, converted):
   """The generator on-policy at every step (DiffusionNFT has no ratio); the checkpoint of step 2 holds each policy's
   trained state and the decoder's moving average."""
-  single = _nft_single(shared_runs, converted)
+  single = _single(shared_runs, converted, _nft)
   rows = _rows(single)
   assert [r["step"] for r in rows] == [1, 2]
   assert all(r["ar/first_iter/ratio/min"] == r["ar/first_iter/ratio/max"] == 1.0 for r in rows)
@@ -322,7 +310,7 @@ def test_the_decoupled_nft_recipe_keeps_its_moving_average_on_eight_devices(shar
 
 @pytest.mark.xdist_group("pod")
 def test_decoupled_nft_run_trains_as_two_processes(converted, shared_runs, tmp_path):
-  multi, _ = pod_and_single(tmp_path, *_nft(converted), single=lambda: _nft_single(shared_runs, converted))
+  multi, _ = _pod(tmp_path, shared_runs, converted, _nft)
   assert "decoder_ema" in os.listdir(multi / "checkpoints" / "2")
 
 
