@@ -9,14 +9,18 @@ Each process appends one JSON line per program to GLMRL_COMPILE_LOG/<pid>.jsonl:
 of its module text (programs over 0.3 s, to find the same program compiled again), its device count, the process
 count, and the pytest test it ran under (pytest's PYTEST_CURRENT_TEST, which subprocesses inherit). It wraps a JAX
 internal (jax._src.compiler.compile_or_get_cached) when JAX imports it: a measurement tool, not part of glmrl.
-Without GLMRL_COMPILE_LOG it does nothing.
+At its exit each process also writes GLMRL_COMPILE_LOG/<pid>.cpu.json: the CPU it used (user + system), its argv,
+its test, and whether it is a pytest process (a worker's own tests) or one a test started; a process killed by a
+signal or ended by os._exit writes none. Without GLMRL_COMPILE_LOG it does nothing.
 """
 
 import hashlib
 import importlib.abc
+import atexit
 import importlib.util
 import json
 import os
+import resource
 import sys
 import time
 
@@ -65,6 +69,15 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
     return spec
 
 
+def _log_cpu() -> None:
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  record = {"cpu": usage.ru_utime + usage.ru_stime, "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+            "argv": " ".join(sys.argv)[:300], "pytest": "pytest" in sys.modules}
+  with open(os.path.join(_FOLDER, f"{os.getpid()}.cpu.json"), "w") as f:
+    json.dump(record, f)
+
+
 if _FOLDER:
   os.makedirs(_FOLDER, exist_ok=True)
   sys.meta_path.insert(0, _WrapOnImport())
+  atexit.register(_log_cpu)

@@ -4,7 +4,9 @@
 
 Prints the seconds spent compiling (and loading from the persistent cache) in all, by process layout, by test, by
 program name, and the seconds spent compiling a program some process had compiled already (the same module text:
-what a shared cache could have saved, e.g. in the processes of a CPU process group, which run without one).
+what a shared cache could have saved, e.g. in the processes of a CPU process group, which run without one); then
+the CPU the processes used (user + system, at their exit): the pytest processes' own and, by test, that of the
+processes each test started.
 """
 
 import argparse
@@ -19,6 +21,15 @@ def load(folder: str) -> list[dict]:
   for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
     with open(path) as f:
       records += [json.loads(line) for line in f if line.strip()]
+  return records
+
+
+def load_cpu(folder: str) -> list[dict]:
+  """Each process's CPU record (`<pid>.cpu.json`)."""
+  records = []
+  for path in sorted(glob.glob(os.path.join(folder, "*.cpu.json"))):
+    with open(path) as f:
+      records.append(json.load(f))
   return records
 
 
@@ -40,7 +51,7 @@ def test_of(record: dict) -> str:
   return record["test"].rsplit(" (", 1)[0] or record["argv"][:100]
 
 
-def summary(records: list[dict], top: int) -> str:
+def summary(records: list[dict], top: int, cpu: list[dict] = ()) -> str:
   lines = [f"{len(records)} programs, {sum(r['s'] for r in records):.0f} s compiling or loading"]
   layouts = collections.defaultdict(list)
   for r in records:
@@ -63,6 +74,17 @@ def summary(records: list[dict], top: int) -> str:
     tests = sorted({test_of(r).split("::")[-1][:50] for r in rs})
     lines.append(f"  {repeats(rs):6.0f} s  x{len(rs)} {rs[0]['name']} ({rs[0]['processes']} x {rs[0]['devices']}): "
                  f"{', '.join(tests[:3])}{' ...' if len(tests) > 3 else ''}")
+  if cpu:
+    own = [r for r in cpu if r["pytest"]]
+    started = collections.defaultdict(list)
+    for r in cpu:
+      if not r["pytest"]:
+        started[test_of(r)].append(r)
+    lines.append(f"\nCPU at exit (user + system): {len(cpu)} processes, {sum(r['cpu'] for r in cpu):.0f} s; the "
+                 f"{len(own)} pytest processes' own: {sum(r['cpu'] for r in own):.0f} s")
+    lines.append("by test (s, processes it started):")
+    lines += [f"  {sum(r['cpu'] for r in rs):7.0f} {len(rs):5d}  {k}"
+              for k, rs in sorted(started.items(), key=lambda kv: -sum(r["cpu"] for r in kv[1]))[:top]]
   return "\n".join(lines)
 
 
@@ -71,7 +93,7 @@ def main():
   parser.add_argument("folder")
   parser.add_argument("--top", type=int, default=30)
   args = parser.parse_args()
-  print(summary(load(args.folder), args.top))
+  print(summary(load(args.folder), args.top, load_cpu(args.folder)))
 
 
 if __name__ == "__main__":
