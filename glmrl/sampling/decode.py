@@ -177,24 +177,27 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_s, sigmas_
                      f"[0, {num_steps - sde.size}] of {num_steps} denoising steps")
   start = jnp.asarray(window_start, jnp.int32)
 
-  def sde_step(i, carry):
+  def any_step(i, carry):
     x, record = carry
     v = guided(i, x)
-    eps = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, i), x.shape[1:], jnp.float32))(noise_keys_B)
-    x_next, logp_B = flow.sde_step(x, v, sigmas_e[i], sigmas_e[i + 1], sde.noise_level, eps,
-                                   sde_type=sde.sde_type, logprob=sde.logprob)
-    w = i - start
-    record = Trajectory(record.latents_before.at[w].set(x), record.latents_after.at[w].set(x_next),
-                        record.sampler_logp.at[w].set(logp_B))
-    return x_next, record
+
+    def sde_update(record):
+      eps = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, i), x.shape[1:], jnp.float32))(noise_keys_B)
+      x_next, logp_B = flow.sde_step(x, v, sigmas_e[i], sigmas_e[i + 1], sde.noise_level, eps,
+                                     sde_type=sde.sde_type, logprob=sde.logprob)
+      w = i - start
+      return x_next, Trajectory(record.latents_before.at[w].set(x), record.latents_after.at[w].set(x_next),
+                                record.sampler_logp.at[w].set(logp_B))
+
+    # One loop of one DiT: the window's steps differ from the others only in the update that follows the velocity
+    # (three loops, before, in and after the window, compiled the DiT three times into the program).
+    in_window = (i >= start) & (i < start + sde.size)
+    return jax.lax.cond(in_window, sde_update, lambda record: (euler_step_at(sigmas_e, i, x, v), record), record)
 
   shape = (sde.size,) + x0.shape
   record = Trajectory(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32),
                       jnp.zeros((sde.size, x0.shape[0]), jnp.float32))
-  # Traced bounds: while loops (the sampler is never differentiated).
-  x = jax.lax.fori_loop(0, start, step, x0)
-  x, record = jax.lax.fori_loop(start, start + sde.size, sde_step, (x, record))
-  x = jax.lax.fori_loop(start + sde.size, num_steps, step, x)
+  x, record = jax.lax.fori_loop(0, num_steps, any_step, (x0, record))
   return x, record
 
 
