@@ -190,7 +190,7 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_s, sigmas_
                                 record.sampler_logp.at[w].set(logp_B))
 
     # One loop of one DiT: the window's steps differ from the others only in the update that follows the velocity
-    # (three loops, before, in and after the window, compiled the DiT three times into the program).
+    # (three loops, before, in and after the window, would compile the DiT three times into the program).
     in_window = (i >= start) & (i < start + sde.size)
     return jax.lax.cond(in_window, sde_update, lambda record: (euler_step_at(sigmas_e, i, x, v), record), record)
 

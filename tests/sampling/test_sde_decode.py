@@ -61,6 +61,15 @@ def test_noise_level_zero_is_the_ode_bit_for_bit(inputs):
   assert np.all(np.isnan(np.asarray(trajectory.sampler_logp)))  # a deterministic step has no density
 
 
+def test_the_window_holds_the_dit_once_in_the_program(inputs):
+  """The window's steps differ from the ODE's only in the update after the same guided velocity: the denoising
+  loop is one loop of one DiT with or without a window (a loop before, in and after the window would put the DiT
+  into the program three times, and the compile time with it, at any size)."""
+  args, _, _, _, keys = inputs
+  dots = lambda *sde: decode.denoise_and_decode.lower(*args, *sde).as_text().count("stablehlo.dot_general")
+  assert dots(None, decode.SdeWindow(noise_level=0.7, size=2), keys, 1) == dots() > 0
+
+
 def test_window_steps_are_gaussian_steps_whose_logprobs_recompute(inputs):
   args, dit, cond, sched, keys = inputs
   window, start = decode.SdeWindow(noise_level=0.7, size=2), 1
