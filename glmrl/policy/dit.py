@@ -18,6 +18,7 @@ from flax import nnx
 from glmrl.policy import accumulate
 from glmrl.policy import ema as ema_lib
 from glmrl.policy.base import BoundPolicy, FlopCounts, Request, Saved, Settings, lora_settings
+from glmrl.sampling import gaussian
 
 # The DiT's trained state is its own item of each step, with the DiT's paths (a converted
 # `transformer/params`): the whole DiT, or with DiT LoRA its adapters only, whose settings and base are recorded
@@ -63,7 +64,7 @@ def decoder_noise(run, key, num_prompts: int):
   source_B = (row_B // (ga * gd)) * gd + row_B % gd if share else row_B
   draws = num_prompts * (gd if share else ga * gd)
   latent_key, sde_key = jax.random.split(key)
-  latents = run.pipeline.shard_batch(jax.random.normal(latent_key, (draws, *run.pipeline.latent_shape))[source_B])
+  latents = run.pipeline.shard_batch(gaussian.normal(latent_key, (draws, *run.pipeline.latent_shape))[source_B])
   return latents, jax.random.split(sde_key, draws)[source_B]
 
 

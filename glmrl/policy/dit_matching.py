@@ -33,7 +33,7 @@ from glmrl.grpo import matching
 from glmrl.models import lora as lora_lib
 from glmrl.policy import accumulate
 from glmrl.policy import dit
-from glmrl.sampling import decode
+from glmrl.sampling import decode, gaussian
 
 
 @struct.dataclass
@@ -84,7 +84,7 @@ def velocity(graphdef, params, frozen, mb: MatchingRollout, x_t, t_b, spec: Matc
 
 def slot_inputs(mb: MatchingRollout, k):
   """(x_t, v*, sigma [b], timestep [b]) of trained slot k of the micro-batch."""
-  eps = jax.vmap(lambda key: jax.random.normal(jax.random.fold_in(key, k), mb.x0.shape[1:], jnp.float32))(
+  eps = jax.vmap(lambda key: gaussian.normal(jax.random.fold_in(key, k), mb.x0.shape[1:], jnp.float32))(
       mb.noise_keys)
   sigma = mb.sigmas[:, k]
   return matching.noised(mb.x0, eps, sigma), matching.velocity_target(mb.x0, eps), sigma, mb.timesteps[:, k]

@@ -21,6 +21,7 @@ from glmrl import sharding as sharding_lib
 from glmrl.grpo import flow
 from glmrl.grpo._checks import is_static
 from glmrl.models.dit import kv_cache as kvc
+from glmrl.sampling import gaussian
 from glmrl.sampling.scheduler import euler_step_at
 
 
@@ -182,7 +183,7 @@ def denoise(dit, cond: Conditioning, latents_BxCxhxw, model_timesteps_s, sigmas_
     v = guided(i, x)
 
     def sde_update(record):
-      eps = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, i), x.shape[1:], jnp.float32))(noise_keys_B)
+      eps = jax.vmap(lambda k: gaussian.normal(jax.random.fold_in(k, i), x.shape[1:], jnp.float32))(noise_keys_B)
       x_next, logp_B = flow.sde_step(x, v, sigmas_e[i], sigmas_e[i + 1], sde.noise_level, eps,
                                      sde_type=sde.sde_type, logprob=sde.logprob)
       w = i - start

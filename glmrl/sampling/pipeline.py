@@ -29,7 +29,7 @@ from glmrl.models.ar.prompt import PromptProcessor, TokenizedPrompts
 from glmrl.models.glm_image import GlmImageConfigs
 from glmrl.models.glyph import tokenize_glyph_texts
 from glmrl.models.glyph.texts import encode_glyph_embeds, extract_glyph_texts
-from glmrl.sampling import ar_sampler, decode, rollout_weights, scheduler
+from glmrl.sampling import ar_sampler, decode, gaussian, rollout_weights, scheduler
 from glmrl.sampling.logprobs import SamplingConfig
 
 
@@ -345,8 +345,8 @@ class GlmImagePipeline:
     """Standard normal latents [B, C, H/8, W/8]; shared within a group when the spec says so."""
     shape = self.latent_shape
     if self.spec.share_noise_in_group:
-      return self.shard_batch(jnp.repeat(jax.random.normal(key, (num_prompts, *shape)), group_size, axis=0))
-    return self.shard_batch(jax.random.normal(key, (num_prompts * group_size, *shape)))
+      return self.shard_batch(jnp.repeat(gaussian.normal(key, (num_prompts, *shape)), group_size, axis=0))
+    return self.shard_batch(gaussian.normal(key, (num_prompts * group_size, *shape)))
 
   def source_cache(self, prepared: Prepared, dit_params=None):
     """Image-to-image: the DiT KV cache of the condition images, one slot per prompt (None for t2i)."""

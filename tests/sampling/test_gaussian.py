@@ -1,0 +1,25 @@
+"""The samplers' flat normal draws hold jax.random.normal's values bit for bit, alone and vmapped over keys."""
+
+import glmrl  # noqa: F401
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from glmrl.sampling import gaussian
+
+
+@pytest.mark.parametrize("shape", [(16, 16, 8, 9), (3, 5, 7), (6,), ()])
+@pytest.mark.parametrize("dtype", [float, jnp.bfloat16])
+def test_a_flat_draw_is_the_shaped_draw(shape, dtype):
+  key = jax.random.key(7)
+  np.testing.assert_array_equal(np.asarray(gaussian.normal(key, shape, dtype), np.float32),
+                                np.asarray(jax.random.normal(key, shape, dtype), np.float32))
+  assert gaussian.normal(key, shape, dtype).dtype == jax.random.normal(key, shape, dtype).dtype
+
+
+def test_vmapped_over_keys_as_the_sde_window_draws():
+  keys = jax.random.split(jax.random.key(3), 4)
+  draw = lambda fn: jax.jit(jax.vmap(lambda k: fn(jax.random.fold_in(k, 2), (16, 8, 8), jnp.float32)))(keys)
+  np.testing.assert_array_equal(np.asarray(draw(gaussian.normal)), np.asarray(draw(jax.random.normal)))
