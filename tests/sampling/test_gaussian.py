@@ -10,7 +10,8 @@ import pytest
 from glmrl.sampling import gaussian
 
 
-@pytest.mark.parametrize("shape", [(16, 16, 8, 9), (3, 5, 7), (6,), ()])
+# Small shapes: the shaped reference draws of rank 3 and 4 are the slow compilations (glmrl/sampling/gaussian.py).
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 2, 7), (6,), ()])
 @pytest.mark.parametrize("dtype", [float, jnp.bfloat16])
 def test_a_flat_draw_is_the_shaped_draw(shape, dtype):
   key = jax.random.key(7)
@@ -21,5 +22,5 @@ def test_a_flat_draw_is_the_shaped_draw(shape, dtype):
 
 def test_vmapped_over_keys_as_the_sde_window_draws():
   keys = jax.random.split(jax.random.key(3), 4)
-  draw = lambda fn: jax.jit(jax.vmap(lambda k: fn(jax.random.fold_in(k, 2), (16, 8, 8), jnp.float32)))(keys)
+  draw = lambda fn: jax.jit(jax.vmap(lambda k: fn(jax.random.fold_in(k, 2), (4, 3, 5), jnp.float32)))(keys)
   np.testing.assert_array_equal(np.asarray(draw(gaussian.normal)), np.asarray(draw(jax.random.normal)))
