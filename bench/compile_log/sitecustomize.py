@@ -14,9 +14,9 @@ its test, and whether it is a pytest process (a worker's own tests) or one a tes
 signal or ended by os._exit writes none. Without GLMRL_COMPILE_LOG it does nothing.
 """
 
+import atexit
 import hashlib
 import importlib.abc
-import atexit
 import importlib.util
 import json
 import os
