@@ -48,10 +48,9 @@ def converted(tiny_released):
   return tiny_released
 
 
-
 def _single(shared_runs, converted, recipe):
-  """`recipe(converted)`'s flags trained as 1 process x 8 devices, made once per session (`RECIPE_1x8`): the
-  reference of that recipe's pod test."""
+  """`recipe(converted)`'s flags trained as 1 process x 8 devices, made once per session (the shared run
+  `<recipe>_1x8`, e.g. `t2i_1x8`): the reference of that recipe's pod test."""
   name = f"{recipe.__name__.strip('_')}_1x8"
   return shared_runs(name, lambda folder: launch(folder, *recipe(converted), processes=1, devices=8))
 
