@@ -20,6 +20,9 @@ device in the recipes' dtypes (bfloat16: the LoRA recipes' frozen bases); no che
   (`time/sampling`, `time/decode`, `time/reward`, `time/update`) and the peak device memory (`memory/peak_gib`,
   where the backend reports it). `--prompts` x `--group` (the decoupled recipe: x 4 decoder samples per grid) sets
   the batch; `--train_flags` passes more `--config.` flags (e.g. micro-batches) to both recipes.
+- `compile`: `main.py --mode=compile` of each recipe at the train stage's flags for `--compile_topology` (e.g.
+  h200-1, the lent GPU's kind; on the host's CPU, no device taken): the compile report's peak per GPU and verdict,
+  and beside the train stage's measured peak their ratio.
 
 The train stage runs first, as a child process, before this process takes the device. Results are printed as
 tables and written to `--out`/fullsize.json. Timings are medians of `--reps` calls after one untimed call (which
@@ -62,7 +65,8 @@ SIZES = {
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--size", default="full", choices=sorted(SIZES))
-  p.add_argument("--stages", default="train,ar,dit", help="comma-separated: train, ar, dit")
+  p.add_argument("--stages", default="train,ar,dit", help="comma-separated: train, ar, dit, compile")
+  p.add_argument("--compile_topology", default="", help="compile stage: the target, e.g. h200-1")
   p.add_argument("--batches", default="", help="AR sampler batches (default 1,8,16,32; tiny: 1,2)")
   p.add_argument("--dit_steps", type=int, default=0, help="steps of the whole decode (default 50; tiny: 4)")
   p.add_argument("--dit_batch", type=int, default=1, help="images per DiT call")
@@ -84,9 +88,11 @@ def parse_args(argv=None):
   args.group = args.group or train["group"]
   args.train_dit_steps = train["dit_steps"]
   args.stages = [s for s in args.stages.split(",") if s]
-  unknown = set(args.stages) - {"train", "ar", "dit"}
+  unknown = set(args.stages) - {"train", "ar", "dit", "compile"}
   if unknown:
-    p.error(f"--stages: unknown {sorted(unknown)}; expected train, ar, dit")
+    p.error(f"--stages: unknown {sorted(unknown)}; expected train, ar, dit, compile")
+  if "compile" in args.stages and not args.compile_topology:
+    p.error("--stages=compile needs --compile_topology, e.g. h200-1")
   return args
 
 
@@ -390,6 +396,42 @@ def train_stage(args) -> dict:
   return out
 
 
+def compile_stage(args, measured: dict) -> dict:
+  """Each recipe's compile report at the train stage's flags for `--compile_topology`, on this host's CPU."""
+  out = {}
+  for recipe in [r for r in args.recipes.split(",") if r]:
+    config = run_config(args, recipe)
+    workdir = os.path.join(args.out, f"compile_{recipe}")
+    shutil.rmtree(workdir, ignore_errors=True)
+    command = [sys.executable, os.path.join(ROOT, "main.py"), *train_flags(args, config, recipe), "--mode=compile",
+               f"--config.compile.topology={args.compile_topology}", f"--workdir={workdir}"]
+    print("$", " ".join(command), flush=True)
+    t0 = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    if done.returncode:
+      print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")
+      out[recipe] = dict(error=f"main.py --mode=compile exited {done.returncode}")
+      continue
+    with open(os.path.join(workdir, "compile_report.json")) as f:
+      report = json.load(f)
+    row = dict(topology=args.compile_topology, compile_s=time.perf_counter() - t0, fits=report["fits"],
+               compiled_peak_gib=report["peak_bytes_per_chip"] / 2**30,
+               budget_gib=report["memory_budget"]["budget_bytes"] / 2**30)
+    peak = measured.get(recipe, {}).get("memory/peak_gib")
+    if peak:
+      row["measured_over_compiled"] = peak / row["compiled_peak_gib"]
+    out[recipe] = row
+  return out
+
+
+def print_compile(out):
+  print("\nCompile reports at the train stage's flags (peak per device, GiB):")
+  rows = [[recipe, r["error"], "", "", "", ""] if "error" in r else
+          [recipe, r["topology"], f"{r['compiled_peak_gib']:.2f}", f"{r['budget_gib']:.1f}", r["fits"],
+           f"{r['measured_over_compiled']:.3f}" if "measured_over_compiled" in r else "n/a"] for recipe, r in out.items()]
+  print(table(["recipe", "target", "compiled peak", "budget", "fits", "measured / compiled"], rows))
+
+
 def print_train(out):
   print("\nTraining steps (the last step; the first includes compilation):")
   rows = []
@@ -410,6 +452,9 @@ def main(argv=None):
   if "train" in args.stages:  # first: the child must find the device free
     results["train"] = train_stage(args)
     print_train(results["train"])
+  if "compile" in args.stages:  # a CPU child: the device stays free
+    results["compile"] = compile_stage(args, results.get("train", {}))
+    print_compile(results["compile"])
   hbm, flops = None, None
   if {"ar", "dit"} & set(args.stages):
     hbm, flops = chip_rates(args.hbm_gbps)
@@ -426,7 +471,7 @@ def main(argv=None):
   with open(os.path.join(args.out, "fullsize.json"), "w") as f:
     json.dump(results, f, indent=1, default=str)
   print(f"\nwritten: {os.path.join(args.out, 'fullsize.json')}")
-  failed = [r for r, v in results.get("train", {}).items() if "error" in v]
+  failed = [r for stage in ("train", "compile") for r, v in results.get(stage, {}).items() if "error" in v]
   return 1 if failed else 0
 
 

@@ -5,7 +5,8 @@
 #   bash bench/gpu.sh [OUT_DIR]        (default /tmp/glmrl_gpu_bench)
 #
 # First GLM-Image at its released size (`bench/fullsize.py`: the AR sampler against the HBM roofline, the 1024^2 DiT
-# decode against diffusers, a training step of the LoRA and decoupled recipes; about 10 minutes on an H100), then the
+# decode against diffusers, a training step of the LoRA and decoupled recipes, whose compile report's peak is set
+# beside the measured one; about 10 minutes on an H100), then the
 # AR sampler b=1/8/16 against transformers `generate`; one DiT CFG step of 2 layers at the released width at
 # 1024^2 against diffusers; the decoder update per trained timestep against diffusers + PEFT. Each bench's output
 # also goes to OUT_DIR/<bench>.txt. Needs jax with its CUDA plugin, torch with CUDA, and requirements-test.txt's
@@ -31,7 +32,15 @@ run() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import jax, torch; print('jax', jax.__version__, jax.devices(), '| torch', torch.__version__,
 torch.cuda.get_device_name())" | tee -a "$out/gpu.txt"
-run fullsize_train python3 bench/fullsize.py --stages=train --out="$out/fullsize_train"
+# The train stage's recipes also compiled for this GPU's kind (`--mode=compile` on the host's CPU, after the
+# measured steps): the compile report's peak per GPU beside the measured one.
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+  *H200*) target=h200-1 ;;
+  *H100*) target=h100-1 ;;
+  *) target= ;;
+esac
+run fullsize_train python3 bench/fullsize.py --stages=train${target:+,compile} ${target:+--compile_topology=$target} \
+  --out="$out/fullsize_train"
 run fullsize python3 bench/fullsize.py --stages=ar,dit --out="$out/fullsize"
 run ar_sampler python3 bench/ar_sampler.py --dtype bfloat16 --batches 1,8,16
 run dit_step python3 bench/dit_step.py --dtype bfloat16 --attention xla,cudnn --layers 2 --heads 64 --head_dim 40 \

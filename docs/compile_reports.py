@@ -57,6 +57,23 @@ ROWS = (
         what="The preference rewards alone: HPS v2.1, ImageReward and PickScore at their released sizes (float32, "
              "replicated on every chip as the run loads them), scoring the LoRA recipe's 128 images of a step on 32 "
              "v5p chips; the step's other programs are left out (the lora-v5p-2 row compiles them)."),
+    # NVIDIA GPUs (requirements-compile-gpu.txt): one GPU, one node of 8 (NVLink), two nodes of 8 (InfiniBand).
+    Row("t2i-h100-8", "configs/glm_image_t2i.py", "h100-8",
+        what="The released text-to-image recipe, full fine-tuning, on one node of 8 H100 SXM GPUs."),
+    Row("t2i-h200-8", "configs/glm_image_t2i.py", "h200-8",
+        what="The released text-to-image recipe, full fine-tuning, on one node of 8 H200 GPUs."),
+    Row("t2i-h100-16", "configs/glm_image_t2i.py", "h100-16",
+        what="The released text-to-image recipe, full fine-tuning, on two nodes of 8 H100 SXM GPUs."),
+    Row("lora-h100-1", "configs/glm_image_t2i_lora.py", "h100-1",
+        what="The LoRA recipe on one H100 SXM (80 GB)."),
+    Row("lora-h200-1", "configs/glm_image_t2i_lora.py", "h200-1",
+        what="The LoRA recipe on one H200 (141 GB)."),
+    Row("lora-h100-8", "configs/glm_image_t2i_lora.py", "h100-8",
+        what="The LoRA recipe on one node of 8 H100 SXM GPUs."),
+    Row("lora-hps-h100-8", "configs/glm_image_t2i_lora.py:hps", "h100-8",
+        what="The LoRA recipe trained on HPS v2.1 (the reward model in float32 on every GPU) on 8 H100 SXM GPUs."),
+    Row("decoupled-h100-8", "configs/glm_image_t2i_decoupled.py", "h100-8",
+        what="The decoupled recipe (AR LoRA + DiT LoRA, Flow-GRPO) on one node of 8 H100 SXM GPUs."),
 )
 
 HEADER = """\
@@ -101,12 +118,15 @@ def render() -> str:
 def summary_row(row: Row, report: dict) -> str:
   """One line of the summary table: the verdict, the peak and the program that sets it, the roofline step."""
   gib = report["peak_bytes_per_chip"] / 2**30
-  share = report["peak_bytes_per_chip"] / report["hbm_bytes_per_chip"]
+  # GPUs: the share of the budget (the allocator's pool less its reserve, `glmrl.programs.budget`), TPUs: of HBM.
+  limit = report.get("memory_budget", {}).get("budget_bytes", report["hbm_bytes_per_chip"])
+  share = report["peak_bytes_per_chip"] / limit
   programs = {n: p for n, p in report["programs"].items() if "peak_bytes_per_chip" in p}
   largest = max(programs, key=lambda n: programs[n]["peak_bytes_per_chip"]) if programs else ""
   auto = ", ".join(f"`{k}` = {v['value']}" for k, v in report.get("auto", {}).items())
   flags = f" ({' '.join(row.flags)})" if row.flags else ""
-  chips = f"{report['chips']} chip{'s' if report['chips'] > 1 else ''}"
+  unit = "GPU" if report.get("platform") == "gpu" else "chip"
+  chips = f"{report['chips']} {unit}{'s' if report['chips'] > 1 else ''}"
   return (f"| `{row.config}`{flags} | {row.topology} ({chips}) | {'yes' if report['fits'] else 'no'} | "
           f"{gib:,.1f} GiB ({share:.0%}) | {largest} | {report['roofline_step_seconds']:.1f} s | {auto} |")
 

@@ -473,18 +473,23 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
 
   mesh = {a: values[f"mesh.{a}"] for a in ("data", "fsdp", "tensor")}
   _check(list(mesh.values()).count(-1) <= 1, "config.mesh", mesh, "at most one axis may be -1")
-  if values["model.dit_attention"] == "cudnn":
-    import jax
-    _check(jax.default_backend() == "gpu", "config.model.dit_attention", "cudnn",
-           f"cuDNN flash attention needs NVIDIA GPUs; this run's backend is {jax.default_backend()!r} (use 'xla')")
-  if values["model.dit_attention"] == "splash" and mode != "compile":
-    import jax
-    _check(jax.default_backend() == "tpu", "config.model.dit_attention", "splash",
-           f"Pallas splash attention is TPU's kernel; this run's backend is {jax.default_backend()!r} (use 'blocked' "
-           "or 'xla'; --mode=compile for a TPU slice takes it)")
   if mode == "compile":
     _check(bool(values["compile.topology"]), "config.compile.topology", values["compile.topology"],
-           "--mode=compile needs a target slice, e.g. --config.compile.topology=v5p-64")
+           "--mode=compile needs a target slice, e.g. --config.compile.topology=v5p-64 or h100-8")
+    from glmrl.programs import topology  # pylint: disable=import-outside-toplevel  # names only, no backend
+    platform = topology.parse(values["compile.topology"]).chip.platform
+    where = f"--config.compile.topology={values['compile.topology']} is a {platform.upper()} target"
+  else:
+    import jax  # pylint: disable=import-outside-toplevel
+    platform = jax.default_backend()
+    where = f"this run's backend is {platform!r}"
+  if values["model.dit_attention"] == "cudnn":
+    _check(platform == "gpu", "config.model.dit_attention", "cudnn",
+           f"cuDNN flash attention needs NVIDIA GPUs; {where} (use 'xla' or 'auto')")
+  if values["model.dit_attention"] == "splash":
+    _check(platform == "tpu", "config.model.dit_attention", "splash",
+           f"Pallas splash attention is TPU's kernel; {where} (use 'blocked', 'xla' or 'auto')")
+  if mode == "compile":
     _check(not values["model.checkpoint_dir"] or os.path.isdir(values["model.checkpoint_dir"]),
            "config.model.checkpoint_dir", values["model.checkpoint_dir"], "no such directory")
     return

@@ -134,7 +134,7 @@ def test_sliding_window_and_guard_settings(overrides, message):
 
 @pytest.mark.parametrize("impl,backend,message", [("cudnn", "gpu", "cuDNN flash attention needs NVIDIA GPUs"),
                                                    ("splash", "tpu", "Pallas splash attention is TPU's kernel")])
-def test_a_flash_kernel_needs_its_platform_and_splash_compiles_for_one(impl, backend, message):
+def test_a_flash_kernel_needs_its_platform_here_or_as_the_compile_target(impl, backend, message):
   import jax
 
   cfg = load_config("demo")
@@ -144,8 +144,12 @@ def test_a_flash_kernel_needs_its_platform_and_splash_compiles_for_one(impl, bac
   else:
     with pytest.raises(config_checks.ConfigError, match=message):
       config_checks.validate(cfg)
-  if impl == "splash":
-    cfg.compile.topology = "v5p-8"
+  # --mode=compile checks the kernel against its target's platform, whatever this host's is.
+  own, other = ("h100-8", "v5p-8") if impl == "cudnn" else ("v5p-8", "h100-8")
+  cfg.compile.topology = own
+  config_checks.validate(cfg, mode="compile")
+  cfg.compile.topology = other
+  with pytest.raises(config_checks.ConfigError, match=f"{message}; --config.compile.topology={other} is a"):
     config_checks.validate(cfg, mode="compile")
 
 

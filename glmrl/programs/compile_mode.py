@@ -1,9 +1,10 @@
-"""`python main.py --mode=compile --config.compile.topology=v5p-64`: does the run fit that slice?
+"""`python main.py --mode=compile --config.compile.topology=v5p-64` (or `h100-8`): does the run fit that target?
 
-Builds the run abstractly on the slice's devices (no weights, no TPU: `glmrl.programs.topology`), compiles
-each program of a training step for it, and writes `<workdir>/compile_report.json` and
-`<workdir>/compile_report.md`. A program the compiler cannot fit is reported (`"fits": false`, the
-program and its error), not raised.
+Builds the run abstractly on the target's devices (no weights, no TPU or GPU: `glmrl.programs.topology`), with its
+plan resolved for the target's platform and memory budget (`glmrl.programs.budget`), compiles each program of a
+training step for it, and writes `<workdir>/compile_report.json` and `<workdir>/compile_report.md`. A program the
+compiler cannot fit is reported (`"fits": false`, the program and its error), not raised; XLA:GPU compiles a
+program larger than the GPU, so the verdict is always the report's: the step's peak against the budget.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from absl import logging
 
 from glmrl import sharding as sharding_lib
 from glmrl.programs import abstract as abstract_lib
+from glmrl.programs import budget as budget_lib
 from glmrl.programs import report as report_lib
 from glmrl.programs import plan as plan_lib
 from glmrl.programs import topology as topology_lib
@@ -39,13 +41,14 @@ def _mesh(config, devices):
 def compile_report(config) -> dict:
   """The report of `config` on `config.compile.topology` (see the module doc)."""
   slice_ = topology_lib.parse(config.compile.topology)
+  budget = budget_lib.of(slice_.chip)
   mesh = _mesh(config, topology_lib.devices(slice_))
-  draft = plan_lib.draft(config, "tpu")
+  draft = plan_lib.draft(config, slice_.chip.platform)
   plan_lib.check_batch(draft, tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
   if config.data.mode != "t2i":
     raise UserError("--mode=compile covers text-to-image runs (config.data.mode='t2i'); image-to-image adds the "
                     "condition images' DiT cache, which it does not lower yet")
-  run = abstract_lib.resolved(draft, mesh, hbm_bytes=slice_.chip.hbm_bytes)
+  run = abstract_lib.resolved(draft, mesh, hbm_bytes=budget.bytes)
   for choice in run.choices:
     logging.info("%s", choice.line())
   config = run.config
@@ -72,12 +75,15 @@ def compile_report(config) -> dict:
     logging.info("compiled %s for %s in %.0f s: peak %.1f GiB per chip", name, slice_.name,
                  time.perf_counter() - t0, entries[name]["peak_bytes_per_chip"] / 2**30)
   peak = max((e["peak_bytes_per_chip"] for e in entries.values() if "peak_bytes_per_chip" in e), default=resident)
-  hbm = slice_.chip.hbm_bytes
-  fits = fits and peak <= hbm
+  fits = fits and peak <= budget.bytes
   total_flops = sum(flops.values())
+  where = ({"libtpu_topology": slice_.topology_name} if slice_.chip.platform == "tpu" else
+           {"gpu": topology_lib.GPU_MODELS[slice_.chip.name].name, "gpu_topology": slice_.shape,
+            "nodes": slice_.nodes})
   return {
-      "topology": slice_.name, "libtpu_topology": slice_.topology_name, "chips": slice_.chips,
-      "mesh": {k: int(v) for k, v in mesh.shape.items()}, "hbm_bytes_per_chip": hbm, "fits": fits,
+      "topology": slice_.name, "platform": slice_.chip.platform, **where, "chips": slice_.chips,
+      "mesh": {k: int(v) for k, v in mesh.shape.items()}, "hbm_bytes_per_chip": slice_.chip.hbm_bytes,
+      "memory_budget": budget.report(peak), "fits": fits,
       "programs": entries, "state_bytes_per_chip": state, "peak_bytes_per_chip": int(peak),
       "step_flops": total_flops,
       "estimated_step_seconds": total_flops / (slice_.chips * slice_.chip.peak_bf16_flops * report_lib.MFU_ASSUMPTION),
@@ -105,7 +111,8 @@ def program_report(program, resident: int, flops: float | None, slice_) -> dict:
   parts = program.lowered if isinstance(program.lowered, tuple) else (program.lowered,)
   part_flops = flops if len(parts) == 1 else None  # FLOP formulas are per program, never per part
   return report_lib.consecutive_entry([
-      report_lib.program_entry(program, compiled, hlo_text, resident, part_flops, slice_.chip, slice_.chips)
+      report_lib.program_entry(program, compiled, hlo_text, resident, part_flops, slice_.chip, slice_.chips,
+                               slice_.devices_per_node if slice_.nodes > 1 else None)
       for compiled, hlo_text in map(compile_with_text, parts)])
 
 

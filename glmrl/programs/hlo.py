@@ -4,7 +4,8 @@ XLA's cost analysis counts a loop's body once (with everything outside it) and s
 collectives; the optimized HLO says both. Each collective's bytes per chip follow the ring model over its replica group of n chips (the
 traffic into one chip): all-gather (n - 1)/n of its result, reduce-scatter (n - 1) times its result
 (the shard), all-reduce 2 (n - 1)/n of its operand, all-to-all (n - 1)/n, collective-permute all of
-it. A computation's bytes are its own collectives' plus those of every computation it calls (fusions,
+it. On GPUs of several nodes, the `network` share of those bytes is that of the collectives whose replica groups
+(or permute pairs) hold GPUs of different nodes. A computation's bytes are its own collectives' plus those of every computation it calls (fusions,
 calls, async wrappers; a while loop's body times its known trip count), so the entry computation's
 total is the program's. `loops` are its outermost while loops: the per-iteration bytes of a decode loop
 are what each generated token moves.
@@ -96,19 +97,58 @@ def _callees(rest: str) -> list[str]:
 
 
 def group_size(attributes: str, devices: int) -> int:
-  """Chips per replica group: `replica_groups={{0,1},{2,3}}`, iota `[2,4]<=[8]`, or mesh axes
-  `mesh['x'=4,'y'=2] {'x'}`; all `devices` when the groups are empty or absent."""
-  m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes)
+  """Chips per replica group (`groups`' first; all `devices` when the groups are empty or absent)."""
+  return max(len(groups(attributes, devices)[0]), 1)
+
+
+def groups(attributes: str, devices: int) -> list[list[int]]:
+  """The device ids of each replica group (`{{0,1},{2,3}}`, iota `[2,4]<=[8]` or `[2,4]<=[4,2]T(1,0)`, mesh axes
+  `mesh['x'=4,'y'=2] {'x'}`), or of each collective-permute's source-target pair; one group of all `devices`
+  when they are empty or absent."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  m = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", attributes)
   if m:
-    sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1))}
-    return math.prod(sizes[a] for a in re.findall(r"'([^']+)'", m.group(2))) or 1
-  m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attributes)
+    return [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),(\d+)\}", m.group(1))]
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*\))\))?\s*\{([^}]*)\}", attributes)
   if m:
-    return int(m.group(2))
-  m = re.search(r"replica_groups=\{(\{[\d,]*\})", attributes)
+    axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+    inside = set(re.findall(r"'([^']+)'", m.group(3)))
+    ids = _iota(m.group(2)) if m.group(2) else np.arange(math.prod(int(n) for _, n in axes))
+    ids = np.asarray(ids).reshape([int(n) for _, n in axes])
+    order = [i for i, (a, _) in enumerate(axes) if a not in inside] + [i for i, (a, _) in enumerate(axes) if a in inside]
+    size = math.prod(int(n) for a, n in axes if a in inside)
+    return ids.transpose(order).reshape(-1, size).tolist()
+  m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=(\[[\d,]+\](?:T\([\d,]+\))?)", attributes)
   if m:
-    return max(len([x for x in m.group(1).strip("{}").split(",") if x]), 1)
-  return devices
+    return _iota(m.group(3)).reshape(int(m.group(1)), int(m.group(2))).tolist()
+  m = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)+)\}", attributes)
+  if m:
+    found = [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
+    if any(found):
+      return found
+  return [list(range(devices))]
+
+
+def _iota(text: str):
+  """The device ids of an iota list `[2,8]` or `[2,8]T(1,0)`: arange over the dims, transposed, flattened."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  m = re.fullmatch(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", text.strip())
+  if not m:
+    raise ValueError(f"unreadable iota device list {text!r}")
+  dims = [int(d) for d in m.group(1).split(",")]
+  ids = np.arange(math.prod(dims)).reshape(dims)
+  if m.group(2):
+    ids = ids.transpose([int(d) for d in m.group(2).split(",")])
+  return ids.reshape(-1)
+
+
+def crosses_nodes(attributes: str, devices: int, devices_per_node: int | None) -> bool:
+  """Whether a collective's groups hold devices of different nodes (`devices_per_node` consecutive ids each)."""
+  if not devices_per_node or devices_per_node >= devices:
+    return False
+  return any(len({d // devices_per_node for d in group}) > 1 for group in groups(attributes, devices))
 
 
 def collective_bytes(opcode: str, shape_text: str, attributes: str, devices: int) -> float:
@@ -138,7 +178,7 @@ def collective_bytes(opcode: str, shape_text: str, attributes: str, devices: int
 
 @dataclasses.dataclass
 class _Computation:
-  own: dict = dataclasses.field(default_factory=dict)  # collective key -> (kind, bytes per chip)
+  own: dict = dataclasses.field(default_factory=dict)  # collective key -> (kind, bytes per chip, crosses nodes)
   calls: list = dataclasses.field(default_factory=list)   # names of the computations it calls (not loops)
   whiles: list = dataclasses.field(default_factory=list)  # (instruction name, body, condition, trip or None)
   constants: dict = dataclasses.field(default_factory=dict)  # scalar integer constants by name
@@ -148,7 +188,7 @@ class _Computation:
   top_calls: list = dataclasses.field(default_factory=list)  # computations run as code, not fused (call, ...)
 
 
-def _parse(text: str, devices: int) -> tuple[dict, str | None]:
+def _parse(text: str, devices: int, devices_per_node: int | None) -> tuple[dict, str | None]:
   comps, entry, current = {}, None, None
   for line in text.splitlines():
     header = _HEADER.match(line)
@@ -182,7 +222,8 @@ def _parse(text: str, devices: int) -> tuple[dict, str | None]:
       # and done computations: it is one transfer.
       channel = re.search(r"\bchannel_id=(\d+)", rest)
       key = ("channel", channel.group(1)) if channel else (id(current), name)
-      current.own[key] = (kind, collective_bytes(opcode, shape, rest, devices))
+      current.own[key] = (kind, collective_bytes(opcode, shape, rest, devices),
+                          crosses_nodes(rest, devices, devices_per_node))
     if opcode == "while":
       body, cond = (re.search(rf"\b{k}=%?([\w.\-]+)", rest) for k in ("body", "condition"))
       trip = _TRIP.search(rest)
@@ -218,11 +259,13 @@ def _collectives(comps: dict, name: str, memo: dict) -> dict:
   return out
 
 
-def _collective_totals(comps: dict, name: str, memo: dict) -> tuple[float, dict]:
+def _collective_totals(comps: dict, name: str, memo: dict, network: bool = False) -> tuple[float, dict]:
   """(bytes, collective counts by kind) of one run of computation `name` outside its loops (`memo`:
-  `_collectives`')."""
+  `_collectives`'); `network`: only the collectives that cross nodes."""
   total, counts = 0.0, {}
-  for kind, b in _collectives(comps, name, memo).values():
+  for kind, b, crosses in _collectives(comps, name, memo).values():
+    if network and not crosses:
+      continue
     total += b
     counts[kind] = counts.get(kind, 0) + 1
   return total, counts
@@ -382,10 +425,29 @@ def _hbm_own(comps: dict, name: str, memo: dict) -> float:
   return total
 
 
-def analyse(text: str, devices: int) -> tuple[Traffic, Traffic]:
-  """(collective traffic, HBM bytes) per chip of an optimized HLO module's text on `devices` chips, from one
-  parse (see the module doc)."""
-  comps, entry = _parse(text, devices)
+def custom_calls(text: str) -> list[str]:
+  """The custom-call targets an optimized HLO module calls (library kernels: `__cudnn$fmhaSoftmax`,
+  `__cublas$lt$matmul`, ...), sorted."""
+  return sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))
+
+
+def collective_ops(text: str) -> dict:
+  """How many instructions of each collective opcode the module holds, as the backend emits them (async pairs by
+  their `-start`: XLA:GPU's NCCL collectives are `all-gather-start` / `all-reduce-start` ...)."""
+  counts = {}
+  for line in text.splitlines():
+    ins = _INSTRUCTION.match(line)
+    if ins and ins.group(3).removesuffix("-start") in _COLLECTIVES and not ins.group(3).endswith("-done"):
+      counts[ins.group(3)] = counts.get(ins.group(3), 0) + 1
+  return dict(sorted(counts.items()))
+
+
+def analyse(text: str, devices: int, devices_per_node: int | None = None) -> tuple[Traffic, Traffic, Traffic]:
+  """(collective traffic, HBM bytes, the collective traffic that crosses nodes) per chip of an optimized HLO
+  module's text on `devices` chips, nodes of `devices_per_node` (None: one node), from one parse (see the module
+  doc)."""
+  comps, entry = _parse(text, devices, devices_per_node)
   collective_memo, hbm_memo = {}, {}
   return (_traffic(comps, entry, lambda name: _collective_totals(comps, name, collective_memo)),
-          _traffic(comps, entry, lambda name: (_hbm_own(comps, name, hbm_memo), {})))
+          _traffic(comps, entry, lambda name: (_hbm_own(comps, name, hbm_memo), {})),
+          _traffic(comps, entry, lambda name: _collective_totals(comps, name, collective_memo, network=True)))

@@ -12,7 +12,9 @@ beside them: it counts each loop body once, with the code outside it, so it is n
 Roofline time of one call of a program with a main loop of T iterations: T x max(FLOPs per chip / T /
 peak FLOP/s, HBM bytes per iteration / HBM bandwidth, link bytes per iteration / link bandwidth) +
 max(HBM bytes outside the loop / HBM bandwidth, link bytes outside it / link bandwidth); without a loop,
-the max of the three totals. The step's roofline is the sum over programs of calls x that.
+the max of the three totals. On GPUs of several nodes, link time is the bytes of collectives within a node over
+NVLink plus those of collectives that cross nodes (`network_bytes_*`) over the network's per-GPU bandwidth. The
+step's roofline is the sum over programs of calls x that.
 """
 
 from __future__ import annotations
@@ -73,27 +75,37 @@ def xla_bytes_accessed(compiled) -> float:
   return float((cost or {}).get("bytes accessed", 0.0))
 
 
+def _link_seconds(collective_bytes: float, network_bytes: float, chip) -> float:
+  """Seconds of chip-to-chip traffic: within a node over its links, across nodes over the network."""
+  if not network_bytes:
+    return collective_bytes / chip.link_bandwidth
+  return (collective_bytes - network_bytes) / chip.link_bandwidth + network_bytes / chip.network_bandwidth
+
+
 def roofline(entry: dict, chip, chips: int) -> tuple[float, str]:
   """(seconds of one call, its binding term: "flops", "hbm" or "links") of a program's entry (see the module doc)."""
   flops = entry.get("flops", 0.0) / entry["calls_per_step"] / chips
   loop = entry.get("main_loop")
   trips = (loop or {}).get("trip_count") or 0
+  network_total = entry.get("network_bytes_total", 0.0)
   if trips:
     link, hbm = loop["collective_bytes_per_iteration"], loop["hbm_bytes_per_iteration"]
+    network = loop.get("network_bytes_per_iteration", 0.0)
     link_outside = entry["collective_bytes_total"] - trips * link
     hbm_outside = entry["hbm_bytes_total"] - trips * hbm
     terms = {"flops": flops / trips / chip.peak_bf16_flops, "hbm": hbm / chip.hbm_bandwidth,
-             "links": link / chip.link_bandwidth}
+             "links": _link_seconds(link, network, chip)}
     bound = max(terms, key=terms.get)
-    return trips * terms[bound] + max(hbm_outside / chip.hbm_bandwidth, link_outside / chip.link_bandwidth), bound
+    outside = _link_seconds(link_outside, network_total - trips * network, chip)
+    return trips * terms[bound] + max(hbm_outside / chip.hbm_bandwidth, outside), bound
   terms = {"flops": flops / chip.peak_bf16_flops, "hbm": entry["hbm_bytes_total"] / chip.hbm_bandwidth,
-           "links": entry["collective_bytes_total"] / chip.link_bandwidth}
+           "links": _link_seconds(entry["collective_bytes_total"], network_total, chip)}
   bound = max(terms, key=terms.get)
   return terms[bound], bound
 
 
 def program_entry(program, compiled, hlo_text: str, resident_bytes: int, flops: float | None, chip,
-                  chips: int) -> dict:
+                  chips: int, devices_per_node: int | None = None) -> dict:
   m = compiled.memory_analysis()
   state = sum(bytes_per_chip(t) for t in program.state_args)
   args, out, temp, alias = (int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
@@ -104,14 +116,20 @@ def program_entry(program, compiled, hlo_text: str, resident_bytes: int, flops: 
            "xla_bytes_accessed": xla_bytes_accessed(compiled)}
   if flops is not None:
     entry["flops"] = float(flops)
-  traffic, memory = hlo.analyse(hlo_text, chips)
+  entry["custom_calls"], entry["collective_ops"] = hlo.custom_calls(hlo_text), hlo.collective_ops(hlo_text)
+  traffic, memory, network = hlo.analyse(hlo_text, chips, devices_per_node)
   entry["collective_bytes_total"], entry["hbm_bytes_total"] = traffic.total, memory.total
+  if devices_per_node and devices_per_node < chips:
+    entry["network_bytes_total"] = network.total
   hbm_loop = memory.main_loop()  # by HBM bytes: a loop can do most of the work and move nothing between chips
   if hbm_loop is not None:
     loop = next(l for l in traffic.loops if l.name == hbm_loop.name)  # the same parse: the same loops
     entry["main_loop"] = {"trip_count": loop.trip_count, "collective_bytes_per_iteration": loop.bytes_per_iteration,
                           "collectives_per_iteration": loop.collectives_per_iteration,
                           "hbm_bytes_per_iteration": hbm_loop.bytes_per_iteration}
+    if "network_bytes_total" in entry:
+      entry["main_loop"]["network_bytes_per_iteration"] = next(
+          l for l in network.loops if l.name == hbm_loop.name).bytes_per_iteration
   seconds, bound = roofline(entry, chip, chips)
   entry["roofline_seconds"], entry["roofline_bound"] = program.calls * seconds, bound
   return entry
@@ -126,11 +144,18 @@ def consecutive_entry(parts: list[dict]) -> dict:
   summed = ("argument_bytes", "output_bytes", "alias_bytes", "xla_bytes_accessed", "collective_bytes_total",
             "hbm_bytes_total", "roofline_seconds")
   entry = {key: sum(part[key] for part in parts) for key in summed}
+  if "network_bytes_total" in parts[0]:
+    entry["network_bytes_total"] = sum(part["network_bytes_total"] for part in parts)
   earlier, peak = 0, 0
   for part in parts:
     peak = max(peak, part["peak_bytes_per_chip"] + earlier)
     earlier += max(part["output_bytes"] - part["alias_bytes"], 0)
   longest = max(parts, key=lambda part: part["roofline_seconds"])
+  entry["custom_calls"] = sorted({c for part in parts for c in part["custom_calls"]})
+  entry["collective_ops"] = {}
+  for part in parts:
+    for op, n in part["collective_ops"].items():
+      entry["collective_ops"][op] = entry["collective_ops"].get(op, 0) + n
   entry.update(temp_bytes=max(part["temp_bytes"] for part in parts), peak_bytes_per_chip=peak,
                calls_per_step=parts[0]["calls_per_step"], roofline_bound=longest["roofline_bound"], parts=len(parts))
   return entry
@@ -148,17 +173,31 @@ def human_bytes(v: float) -> str:
 def table(report: dict) -> str:
   """The report as a Markdown table (per-chip GiB), as compile_report.md and docs/reference/fits.md show it."""
   gib = lambda v: f"{v / 2**30:,.1f}"
-  chips = f"{report['chips']} chips" if report["chips"] > 1 else "1 chip"
+  unit = "GPU" if report.get("platform") == "gpu" else "chip"
+  chips = f"{report['chips']} {unit}s" if report["chips"] > 1 else f"1 {unit}"
+  if report.get("gpu"):
+    chips += f" {report['gpu']}" + (f", {report['nodes']} nodes" if report["nodes"] > 1 else "")
   hbm = report["hbm_bytes_per_chip"]
-  over = [f"{name} {gib(p['peak_bytes_per_chip'] - hbm)} GiB over" if "peak_bytes_per_chip" in p else
+  budget = report.get("memory_budget", {})
+  limit = budget.get("budget_bytes", hbm)
+  over = [f"{name} {gib(p['peak_bytes_per_chip'] - limit)} GiB over" if "peak_bytes_per_chip" in p else
           f"{name} refused by the compiler" for name, p in report["programs"].items()
-          if p.get("peak_bytes_per_chip", 0) > hbm or p.get("fits") is False]
+          if p.get("peak_bytes_per_chip", 0) > limit or p.get("fits") is False]
   verdict = "fits" if report["fits"] else "does not fit" + (f" ({'; '.join(over)})" if over else "")
+  if budget.get("fits_with_raised_fraction"):
+    verdict += f"; fits with XLA_PYTHON_CLIENT_MEM_FRACTION={budget['fraction_needed']:.2f}"
   if report.get("programs_compiled"):  # config.compile.programs named some: the verdict is theirs
     verdict += f" (compiled: {', '.join(report['programs_compiled'])} only)"
+  peak = report["peak_bytes_per_chip"]
+  if "allocator_fraction" in budget:
+    source = "JAX's default" if budget["allocator_fraction_source"] == "default" else "as set"
+    against = (f"{100 * peak / limit:.0f}% of the budget: {gib(limit)} GiB = the allocator's pool "
+               f"({budget['allocator_fraction']:.2f} of HBM, {source}) less a {gib(budget['pool_reserve_bytes'])} "
+               f"GiB reserve")
+  else:
+    against = f"{100 * peak / hbm:.0f}% of HBM"
   rows = [f"**{report['topology']}** ({chips}, {gib(hbm)} GiB HBM each): "
-          f"{verdict}, peak {gib(report['peak_bytes_per_chip'])} GiB per chip "
-          f"({100 * report['peak_bytes_per_chip'] / hbm:.0f}% of HBM)", "",
+          f"{verdict}, peak {gib(peak)} GiB per {unit} ({against})", "",
           "| program | arguments | outputs | temporaries | aliased | peak per chip | TFLOPs | main loop x calls | "
           "HBM per iteration | chip links per iteration | chip links in all | roofline s (bound) |",
           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -176,6 +215,9 @@ def table(report: dict) -> str:
                 f"{human_bytes(p['collective_bytes_total'] * p['calls_per_step'])} | "
                 f"{p['roofline_seconds']:,.2f} ({p['roofline_bound']}) |")
   state = report["state_bytes_per_chip"]
+  attention = {name: [c for c in p.get("custom_calls", ()) if "fmha" in c] for name, p in report["programs"].items()}
+  if any(attention.values()):
+    rows += ["", "cuDNN attention kernels: " + "; ".join(f"{n} {', '.join(k)}" for n, k in attention.items() if k)]
   if report.get("auto"):
     rows += ["", "auto settings: " + "; ".join(f"{k} = {v['value']} ({v['why']})" for k, v in report["auto"].items())]
   rows += ["", "resident state per chip (GiB): " + ", ".join(f"{k} {gib(v)}" for k, v in state.items()),

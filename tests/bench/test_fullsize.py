@@ -81,3 +81,19 @@ def test_every_stage_at_tiny_size(tmp_path):
     assert sum(stages) <= r["time/step"] * (1 + 1e-6) and r["first_step_s"] == r["time/step"], r
     assert r["wall_s"] > r["time/step"]
   assert "| lora |" in done.stdout and "| xla |" in done.stdout
+
+
+def test_the_compile_stage_reports_each_recipes_peak_for_a_gpu(tmp_path):
+  # What bench/gpu.sh runs after the measured steps: the train stage's recipe compiled for the lent GPU's kind on the
+  # host's CPU; its peak and budget are the compile report's (the measured peak's ratio needs the train stage).
+  out = tmp_path / "out"
+  done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fullsize.py"), "--size=tiny", "--stages=compile",
+                         "--recipes=lora", "--compile_topology=h100-1", f"--out={out}"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=TIMEOUT_S)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  row = json.loads((out / "fullsize.json").read_text())["compile"]["lora"]
+  report = json.loads((out / "compile_lora" / "compile_report.json").read_text())
+  assert row["topology"] == "h100-1" and row["fits"] is report["fits"] is True
+  assert row["compiled_peak_gib"] == report["peak_bytes_per_chip"] / 2**30 > 0
+  assert row["budget_gib"] == pytest.approx((int(0.75 * 84942979072) - 2 * 2**30) / 2**30)
+  assert "measured_over_compiled" not in row and "| lora | h100-1 |" in done.stdout

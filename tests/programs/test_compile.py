@@ -147,7 +147,7 @@ def test_lora_run_trains_only_adapters_in_the_abstract_run():
 
 
 @pytest.mark.parametrize("name,message", [
-    ("v5p-63", "count TensorCores"), ("v4-8", "expected <generation>-<size>"), ("v6e-3", "known sizes"),
+    ("v5p-63", "count TensorCores"), ("v4-8", "expected <chip>-<size> with chip one of"), ("v6e-3", "known sizes"),
 ])
 def test_bad_topology_names(name, message):
   with pytest.raises(UserError, match=message):

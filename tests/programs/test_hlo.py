@@ -247,6 +247,34 @@ def test_group_sizes(text, devices, n):
   assert hlo.group_size(text, devices) == n
 
 
+@pytest.mark.parametrize("text,groups,crosses", [
+    # XLA:GPU's mesh groups over a permuted device list (FSDP over each node's 8 GPUs of two nodes, data across).
+    ("replica_groups=mesh['axis_0'=8,'axis_1'=1,'axis_2'=2], device_ids=([2,8]T(1,0)) {'axis_0'}, dimensions={0}",
+     [list(range(8)), list(range(8, 16))], False),
+    ("replica_groups=mesh['axis_0'=16,'axis_1'=1] {'axis_0'}, use_global_device_ids=true", [list(range(16))], True),
+    ("replica_groups=[8,2]<=[2,8]T(1,0), to_apply=%add", [[i, i + 8] for i in range(8)], True),
+    ("replica_groups=[2,8]<=[16]", [list(range(8)), list(range(8, 16))], False),
+    ("replica_groups={{0,1,2,3},{8,9,10,11}}", [[0, 1, 2, 3], [8, 9, 10, 11]], False),
+    ("source_target_pairs={{0,1},{7,8}}, channel_id=3", [[0, 1], [7, 8]], True)])
+def test_replica_groups_and_whether_they_cross_nodes(text, groups, crosses):
+  assert hlo.groups(text, 16) == groups
+  assert hlo.crosses_nodes(text, 16, devices_per_node=8) is crosses
+  assert hlo.crosses_nodes(text, 16, devices_per_node=None) is False
+
+
+def test_a_roofline_charges_the_network_for_the_bytes_that_cross_nodes():
+  """Of 1 GB a GPU receives per iteration, 0.25 GB from other nodes: 0.75 GB over NVLink (450 GB/s) plus 0.25 GB
+  over the network (50 GB/s) = 6.67 ms per iteration, the bound of 10 iterations."""
+  chip = topology.parse("h100-16").chip
+  entry = {"calls_per_step": 1, "collective_bytes_total": 10e9, "network_bytes_total": 2.5e9, "hbm_bytes_total": 1e9,
+           "main_loop": {"trip_count": 10, "collective_bytes_per_iteration": 1e9, "network_bytes_per_iteration": 0.25e9,
+                         "hbm_bytes_per_iteration": 0.1e9}}
+  seconds, bound = report.roofline(entry, chip, 16)
+  assert bound == "links" and seconds == pytest.approx(10 * (0.75e9 / 450e9 + 0.25e9 / 50e9))
+  entry.pop("network_bytes_total"), entry["main_loop"].pop("network_bytes_per_iteration")
+  assert report.roofline(entry, chip, 16)[0] == pytest.approx(10 * 1e9 / 450e9)
+
+
 def program_traffic(builder=abstract.sampler, ar_weights="update", **mesh):
   config = tiny_config(data__prompts_per_step=4, rollout__ar_weights=ar_weights,
                        **{f"mesh__{k}": v for k, v in mesh.items()})

@@ -104,26 +104,41 @@ def test_xla_kernel_equals_float64_attention_in_value_and_gradient():
   np.testing.assert_allclose(np.asarray(bf16, np.float32), want[0], atol=2 ** -6)
 
 
-def test_cudnn_wrapper_gives_the_kernel_even_lengths_and_a_full_mask(monkeypatch):
-  """cuDNN (seen on an H200) refuses a [B, 1, 1, K] mask and, with a mask, odd lengths in its backward. Our wrapper
-  pads to even lengths and broadcasts the mask (without a mask it passes everything through); with XLA's kernel
-  standing in for cuDNN's, the result equals XLA's for odd and even lengths (1e-6, float32)."""
+@pytest.mark.parametrize("layout", ["tiny", "released"])
+def test_cudnn_operands_as_lengths_equal_the_masked_attention(layout):
+  """cuDNN's fast path takes the key mask as sequence lengths (`cudnn_operands`: valid keys first, even lengths).
+  With those operands JAX's XLA kernel, given the same lengths, equals our masked XLA kernel in value and in the
+  q, k, v gradients (float32, 1e-5): for the tiny case's odd and even counts of queries and keys, with a scattered
+  mask, cached keys first and no mask; at the released 1024^2 layout (256 glyph tokens of which 37 are text, then
+  the 4096 image tokens; 2 of the 32 heads of 128), as the DiT masks it."""
   from glmrl.models.dit import attention as attention_lib
 
-  def kernel(q, k, v, mask=None, implementation=None):
-    assert implementation == "cudnn"
-    if mask is not None:
-      assert q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0
-      assert mask.shape == (q.shape[0], 1, q.shape[1], k.shape[1])
-      mask = mask[:, :, :1]
-    return attention_lib.xla(q, k, v, mask)
+  def check(q, k, v, mask, atol):
+    cot = jnp.asarray(np.random.default_rng(3).standard_normal(q.shape), jnp.float32)
 
-  monkeypatch.setattr(jax.nn, "dot_product_attention", kernel)
-  q, k, v, mask = _qkv_mask()  # 37 queries, 42 keys
-  for s, n in ((S, C + S), (S - 1, C + S - 1), (S, C + S - 1)):
-    for m in (mask[..., :n], None):
-      got = attention_lib.cudnn(q[:, :s], k[:, :n], v[:, :n], m)
-      np.testing.assert_allclose(got, attention_lib.xla(q[:, :s], k[:, :n], v[:, :n], m), atol=1e-6)
+    def lengths_path(q, k, v):
+      *operands, lengths = attention_lib.cudnn_operands(q, k, v, mask)
+      assert operands[0].shape[1] % 2 == 0 and operands[1].shape[1] % 2 == 0
+      out = jax.nn.dot_product_attention(*operands, key_value_seq_lengths=lengths, implementation="xla")
+      return jnp.sum(out[:, :q.shape[1]] * cot)
+
+    masked = lambda q, k, v: jnp.sum(attention_lib.xla(q, k, v, mask) * cot)
+    got, want = (jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(q, k, v) for f in (lengths_path, masked))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(g, w, atol=atol, rtol=1e-5)
+
+  if layout == "tiny":
+    q, k, v, mask = _qkv_mask()  # 37 queries, 42 keys
+    for s, n in ((S, C + S), (S - 1, C + S - 1), (S, C + S - 1)):
+      for m in (mask[..., :n], None):
+        check(q[:, :s], k[:, :n], v[:, :n], m, 1e-5)
+    return
+  rng = np.random.default_rng(4)
+  t, x, h, d = 256, 64 * 64, 2, 128
+  q, k, v = (jnp.asarray(rng.standard_normal((1, t + x, h, d)), jnp.float32) for _ in range(3))
+  valid = np.ones((1, t + x), bool)
+  valid[:, 37:t] = False  # the glyph tokens past the prompt's text
+  check(q, k, v, jnp.asarray(valid)[:, None, None, :], 1e-5)
 
 
 on_gpu = pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's flash kernel runs on NVIDIA GPUs only")
