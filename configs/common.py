@@ -17,8 +17,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.compute_dtype = "float32"  # Activations / matmuls: "float32" or "bfloat16".
   # DiT attention kernel: "xla" (all queries' scores at once), "blocked" (512 queries at a time: never the
   # [B, heads, S, S] scores of 1024^2 images), "cudnn" (flash attention, NVIDIA GPUs, bf16), "splash" (Pallas
-  # flash attention, TPUs; --mode=compile for a TPU slice) or "auto" (splash on TPU, cudnn on GPU in bf16, else xla;
-  # the run logs its choice, the compile report records it).
+  # flash attention, TPUs) or "auto" (splash on TPU, cudnn on GPU in bf16, else xla, for the platform the run runs on
+  # or --mode=compile compiles for; the run logs its choice, the compile report records it).
   c.model.dit_attention = "auto"  # DiT attention kernel (see above).
   # Classifier-free guidance's two DiT passes as one forward of twice the batch (larger matmuls; the pass's
   # activations double; off in the released configs). Text-to-image only.
@@ -241,7 +241,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.ar_weights = "auto"  # "auto", "update" or "gathered".
   c.compile = ml_collections.ConfigDict()
-  c.compile.topology = ""  # --mode=compile's target slice, e.g. "v5p-64", "v5e-256", "v6e-8".
+  c.compile.topology = ""  # --mode=compile's target: a TPU slice ("v5p-64", "v5e-256", "v6e-8") or GPUs ("h100-8").
   c.compile.programs = ""  # Only these of the step's programs, e.g. "rewards,update"; "" compiles all of them.
 
   c.eval = ml_collections.ConfigDict()

@@ -486,6 +486,9 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
   if values["model.dit_attention"] == "cudnn":
     _check(platform == "gpu", "config.model.dit_attention", "cudnn",
            f"cuDNN flash attention needs NVIDIA GPUs; {where} (use 'xla' or 'auto')")
+    _check(values["model.compute_dtype"] in ("bfloat16", "float16"), "config.model.dit_attention", "cudnn",
+           f"cuDNN flash attention takes 16-bit operands; config.model.compute_dtype={values['model.compute_dtype']!r} "
+           "(use bfloat16, or 'auto', which picks XLA's kernel for float32)")
   if values["model.dit_attention"] == "splash":
     _check(platform == "tpu", "config.model.dit_attention", "splash",
            f"Pallas splash attention is TPU's kernel; {where} (use 'blocked', 'xla' or 'auto')")

@@ -146,11 +146,16 @@ def test_a_flash_kernel_needs_its_platform_here_or_as_the_compile_target(impl, b
       config_checks.validate(cfg)
   # --mode=compile checks the kernel against its target's platform, whatever this host's is.
   own, other = ("h100-8", "v5p-8") if impl == "cudnn" else ("v5p-8", "h100-8")
-  cfg.compile.topology = own
+  cfg.compile.topology, cfg.model.compute_dtype = own, "bfloat16"
   config_checks.validate(cfg, mode="compile")
   cfg.compile.topology = other
   with pytest.raises(config_checks.ConfigError, match=f"{message}; --config.compile.topology={other} is a"):
     config_checks.validate(cfg, mode="compile")
+  if impl == "cudnn":  # and it takes 16-bit operands only
+    cfg.compile.topology, cfg.model.compute_dtype = own, "float32"
+    with pytest.raises(config_checks.ConfigError, match="cuDNN flash attention takes 16-bit operands; "
+                                                        "config.model.compute_dtype='float32'"):
+      config_checks.validate(cfg, mode="compile")
 
 
 def test_wandb_logging_names_its_package_and_modes(monkeypatch):

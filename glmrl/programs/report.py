@@ -68,11 +68,12 @@ def step_flops(config, layout, configs, *, ar_param_count: int, dit_param_count:
   return out
 
 
-def xla_bytes_accessed(compiled) -> float:
-  """XLA's `bytes accessed` of a compiled program per chip (each loop body counted once)."""
+def xla_bytes_accessed(compiled) -> float | None:
+  """XLA's `bytes accessed` of a compiled program per chip (each loop body counted once); None where XLA gives no
+  cost analysis (a GPU program compiled without a GPU)."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return float((cost or {}).get("bytes accessed", 0.0))
+  return float(cost.get("bytes accessed", 0.0)) if cost else None
 
 
 def _link_seconds(collective_bytes: float, network_bytes: float, chip) -> float:
@@ -141,9 +142,11 @@ def consecutive_entry(parts: list[dict]) -> dict:
   as peak the largest of each part's own peak plus the outputs of the parts before it, which stay live."""
   if len(parts) == 1:
     return parts[0]
-  summed = ("argument_bytes", "output_bytes", "alias_bytes", "xla_bytes_accessed", "collective_bytes_total",
-            "hbm_bytes_total", "roofline_seconds")
+  summed = ("argument_bytes", "output_bytes", "alias_bytes", "collective_bytes_total", "hbm_bytes_total",
+            "roofline_seconds")
   entry = {key: sum(part[key] for part in parts) for key in summed}
+  accessed = [part["xla_bytes_accessed"] for part in parts]
+  entry["xla_bytes_accessed"] = None if None in accessed else sum(accessed)
   if "network_bytes_total" in parts[0]:
     entry["network_bytes_total"] = sum(part["network_bytes_total"] for part in parts)
   earlier, peak = 0, 0
