@@ -51,10 +51,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-# HBM bytes per second and dense bfloat16 FLOP/s of one chip, by a part of its `device_kind` (vendors' data
-# sheets: NVIDIA H100 SXM / PCIe / NVL, H200 SXM; TPUs from glmrl/programs/topology.py).
-GPU_CHIPS = (("H200", 4.8e12, 989e12), ("H100 NVL", 3.9e12, 835e12), ("H100 PCIe", 2.0e12, 756e12),
-             ("H100", 3.35e12, 989e12))
+# HBM bytes per second and dense bfloat16 FLOP/s of one chip, by a part of its `device_kind`, for the GPUs that
+# --mode=compile does not target (NVIDIA's data sheets: H100 PCIe / NVL); the H100 SXM, the H200 and the TPUs by
+# their exact kind from glmrl/programs/topology.py.
+GPU_CHIPS = (("H100 NVL", 3.9e12, 835e12), ("H100 PCIe", 2.0e12, 756e12))
 SIZES = {
     # size: (recipe config argument suffix, default batches, default DiT steps, train defaults)
     "full": ("", "1,8,16,32", 50, dict(prompts=1, group=4, dit_steps=50)),

@@ -68,10 +68,12 @@ ROWS = (
         what="The LoRA recipe on one H100 SXM (80 GB)."),
     Row("lora-h200-1", "configs/glm_image_t2i_lora.py", "h200-1",
         what="The LoRA recipe on one H200 (141 GB)."),
-    Row("lora-h100-8", "configs/glm_image_t2i_lora.py", "h100-8",
-        what="The LoRA recipe on one node of 8 H100 SXM GPUs."),
-    Row("lora-hps-h100-8", "configs/glm_image_t2i_lora.py:hps", "h100-8",
-        what="The LoRA recipe trained on HPS v2.1 (the reward model in float32 on every GPU) on 8 H100 SXM GPUs."),
+    Row("lora-hps-h100-1", "configs/glm_image_t2i_lora.py:hps", "h100-1",
+        what="The LoRA recipe trained on HPS v2.1 (its reward model in float32 beside the generator) on one H100 SXM."),
+    Row("t2i-h100-16-data2", "configs/glm_image_t2i.py", "h100-16", flags=("--config.mesh.data=2",
+                                                                             "--config.mesh.fsdp=8"),
+        what="The released text-to-image recipe on two nodes of 8 H100s with FSDP within each node and data parallelism "
+             "across the two: the weights' gathers stay on NVLink, only the gradients' reduction crosses the network."),
     Row("decoupled-h100-8", "configs/glm_image_t2i_decoupled.py", "h100-8",
         what="The decoupled recipe (AR LoRA + DiT LoRA, Flow-GRPO) on one node of 8 H100 SXM GPUs."),
 )
