@@ -105,22 +105,44 @@ def _chosen(builders: dict, names: str) -> dict:
   return {n: b for n, b in builders.items() if not chosen or n in chosen}
 
 
+# XLA:GPU compiling without a GPU has no autotuner to choose a Triton GEMM's tiles and falls back on a default
+# that some float32 products refuse (`Couldn't find output tile sizes that satisfy hlo`: the tiny LoRA update's
+# rank-4 products, HPS' image tower). A program refused that way is compiled again with its GEMMs on cuBLAS, which a
+# GPU's autotuner may also pick; the entry names the option.
+_GPU_TILE_ERROR = "Couldn't find output tile sizes"
+_GPU_WITHOUT_TRITON_GEMMS = {"xla_gpu_enable_triton_gemm": False}
+
+
 def program_report(program, resident: int, flops: float | None, slice_) -> dict:
   """The report entry of a program compiled for `slice_`; one run as consecutive parts (a tuple of lowerings)
   gets one entry for them all (`report.consecutive_entry`)."""
   parts = program.lowered if isinstance(program.lowered, tuple) else (program.lowered,)
   part_flops = flops if len(parts) == 1 else None  # FLOP formulas are per program, never per part
-  return report_lib.consecutive_entry([
-      report_lib.program_entry(program, compiled, hlo_text, resident, part_flops, slice_.chip, slice_.chips,
-                               slice_.devices_per_node if slice_.nodes > 1 else None)
-      for compiled, hlo_text in map(compile_with_text, parts)])
+  entries = []
+  for part in parts:
+    options = {}
+    try:
+      compiled, hlo_text = compile_with_text(part)
+    except Exception as e:  # pylint: disable=broad-except  # only XLA:GPU's tiling refusal is retried
+      if slice_.chip.platform != "gpu" or _GPU_TILE_ERROR not in str(e):
+        raise
+      logging.info("%s: XLA:GPU found no Triton GEMM tiling without a GPU; compiling its GEMMs on cuBLAS",
+                   program.name)
+      options = _GPU_WITHOUT_TRITON_GEMMS
+      compiled, hlo_text = compile_with_text(part, options)
+    entry = report_lib.program_entry(program, compiled, hlo_text, resident, part_flops, slice_.chip, slice_.chips,
+                                     slice_.devices_per_node if slice_.nodes > 1 else None)
+    entries.append({**entry, "compiler_options": options} if options else entry)
+  entry = report_lib.consecutive_entry(entries)
+  options = {k: v for e in entries for k, v in e.get("compiler_options", {}).items()}
+  return {**entry, "compiler_options": options} if options else entry
 
 
-def compile_with_text(lowered) -> tuple:
-  """(compiled, its optimized HLO text). The text comes from XLA's dump: `compiled.as_text()` re-parses the
-  module and fails on some TPU programs (an async-update's operands)."""
+def compile_with_text(lowered, options: dict | None = None) -> tuple:
+  """(compiled, its optimized HLO text), compiled with XLA `options`. The text comes from XLA's dump:
+  `compiled.as_text()` re-parses the module and fails on some TPU programs (an async-update's operands)."""
   with tempfile.TemporaryDirectory() as dump:
-    compiled = lowered.compile(compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True})
+    compiled = lowered.compile(compiler_options={**(options or {}), "xla_dump_to": dump, "xla_dump_hlo_as_text": True})
     texts = sorted(glob.glob(os.path.join(dump, "*after_optimizations.txt")), key=os.path.getsize)
     if not texts:
       raise RuntimeError(f"XLA wrote no optimized HLO into {dump}")

@@ -85,9 +85,8 @@ def test_every_stage_at_tiny_size(tmp_path):
 
 def test_the_compile_stage_reports_each_recipes_peak_for_a_gpu(tmp_path):
   # What bench/gpu.sh runs after the measured steps: the train stage's recipe compiled for the lent GPU's kind on the
-  # host's CPU, in bfloat16 as the released recipes compute on a GPU (XLA:GPU's tiler refuses one of the tiny
-  # float32 LoRA update's rank-4 products); its peak and budget are the compile report's (the measured peak's ratio
-  # needs the train stage).
+  # host's CPU, in bfloat16 as the released recipes compute on a GPU; its peak and budget are the compile report's
+  # (the measured peak's ratio needs the train stage).
   out = tmp_path / "out"
   done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fullsize.py"), "--size=tiny", "--stages=compile",
                          "--recipes=lora", "--compile_topology=h100-1", "--train_flags=--config.model.compute_dtype=bfloat16",

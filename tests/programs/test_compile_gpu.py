@@ -126,3 +126,15 @@ def test_a_host_without_the_cuda_plugin_is_told_what_to_install(tmp_path, monkey
   assert_one_line_error(result, "cannot describe 1 x NVIDIA H100 80GB HBM3 (h100-1): NotImplementedError: topology "
                         "not implemented for cuda. --mode=compile for GPUs needs the CUDA plugin: pip install -r "
                         "requirements-compile-gpu.txt")
+
+
+def test_a_program_xla_gpu_cannot_tile_without_a_gpu_compiles_its_gemms_on_cublas(tmp_path):
+  # The tiny LoRA update in float32: XLA:GPU without a GPU to autotune on finds no Triton tiling for its rank-4
+  # products; the program is compiled again with its GEMMs on cuBLAS, and the report names the option.
+  result = main_in_process("--config=configs/glm_image_t2i_lora.py:tiny", "--mode=compile",
+                           "--config.compile.topology=h100-1", "--config.compile.programs=update", tmp_path=tmp_path)
+  assert result.returncode == 0, (result.stderr + result.stdout)[-3000:]
+  report = json.loads((tmp_path / "compile_report.json").read_text())
+  assert report["fits"] is True and "error" not in report["programs"]["update"]
+  assert report["programs"]["update"]["compiler_options"] == {"xla_gpu_enable_triton_gemm": False}
+  assert "update: XLA:GPU found no Triton GEMM tiling without a GPU; compiling its GEMMs on cuBLAS" in result.stderr
