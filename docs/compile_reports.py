@@ -156,7 +156,8 @@ def gpu_line(row: Row, report: dict) -> str:
     verdict = "does not fit"
   times = {n: p["roofline_seconds"] for n, p in report["programs"].items() if "roofline_seconds" in p}
   slowest = max(times, key=times.get) if times else ""
-  return (f"- `{row.config}` on {row.topology}: {verdict}; peak {gib(report['peak_bytes_per_chip'])} per GPU "
+  flags = f" ({' '.join(row.flags)})" if row.flags else ""
+  return (f"- `{row.config}`{flags} on {row.topology}: {verdict}; peak {gib(report['peak_bytes_per_chip'])} per GPU "
           f"against a budget of {gib(budget['budget_bytes'])}; roofline step {report['roofline_step_seconds']:,.0f} s, "
           f"{slowest} {times.get(slowest, 0):,.0f} s of it.")
 
