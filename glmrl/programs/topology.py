@@ -48,7 +48,7 @@ GPU_MODELS = {"h100": gpu_targets.H100_SXM, "h200": gpu_targets.H200}
 GPUS_PER_NODE = 8
 _GPU_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
-# The `device_kind` libtpu gives each generation's devices.
+# The `device_kind` of each generation's devices: libtpu's for TPUs, `cudaDeviceProp.name` for GPUs.
 DEVICE_KINDS = {"TPU v5": "v5p", "TPU v5p": "v5p", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e",
                 "TPU v6e": "v6e", gpu_targets.H100_SXM.name: "h100", gpu_targets.H200.name: "h200",
                 "NVIDIA H200": "h200"}
