@@ -369,21 +369,30 @@ def train_flags(args, config, recipe: str) -> list[str]:
   return flags + args.train_flags.split()
 
 
+def run_main(args, config, recipe: str, stage: str, *flags, env=None) -> tuple[str, float, str | None]:
+  """`main.py` with one recipe's train-stage flags and `flags`, in a fresh `--out`/<stage>_<recipe>: (that workdir,
+  wall seconds, None or the error that ended it, its output printed)."""
+  workdir = os.path.join(args.out, f"{stage}_{recipe}")
+  shutil.rmtree(workdir, ignore_errors=True)
+  command = [sys.executable, os.path.join(ROOT, "main.py"), *train_flags(args, config, recipe), *flags,
+             f"--workdir={workdir}"]
+  print("$", " ".join(command), flush=True)
+  t0 = time.perf_counter()
+  done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+  wall = time.perf_counter() - t0
+  if done.returncode:
+    print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")
+    return workdir, wall, " ".join(["main.py", *flags[:1], f"exited {done.returncode}"])  # its mode, if any
+  return workdir, wall, None
+
+
 def train_stage(args) -> dict:
   out = {}
   for recipe in [r for r in args.recipes.split(",") if r]:
     config = run_config(args, recipe)
-    workdir = os.path.join(args.out, f"train_{recipe}")
-    shutil.rmtree(workdir, ignore_errors=True)
-    command = [sys.executable, os.path.join(ROOT, "main.py"), *train_flags(args, config, recipe),
-               f"--workdir={workdir}"]
-    print("$", " ".join(command), flush=True)
-    t0 = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if done.returncode:
-      print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")
-      out[recipe] = dict(error=f"main.py exited {done.returncode}", wall_s=wall)
+    workdir, wall, error = run_main(args, config, recipe, "train")
+    if error:
+      out[recipe] = dict(error=error, wall_s=wall)
       continue
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       steps = [json.loads(line) for line in f if line.strip()]
@@ -401,20 +410,15 @@ def compile_stage(args, measured: dict) -> dict:
   out = {}
   for recipe in [r for r in args.recipes.split(",") if r]:
     config = run_config(args, recipe)
-    workdir = os.path.join(args.out, f"compile_{recipe}")
-    shutil.rmtree(workdir, ignore_errors=True)
-    command = [sys.executable, os.path.join(ROOT, "main.py"), *train_flags(args, config, recipe), "--mode=compile",
-               f"--config.compile.topology={args.compile_topology}", f"--workdir={workdir}"]
-    print("$", " ".join(command), flush=True)
-    t0 = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    if done.returncode:
-      print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")
-      out[recipe] = dict(error=f"main.py --mode=compile exited {done.returncode}")
+    workdir, wall, error = run_main(args, config, recipe, "compile", "--mode=compile",
+                                    f"--config.compile.topology={args.compile_topology}",
+                                    env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    if error:
+      out[recipe] = dict(error=error)
       continue
     with open(os.path.join(workdir, "compile_report.json")) as f:
       report = json.load(f)
-    row = dict(topology=args.compile_topology, compile_s=time.perf_counter() - t0, fits=report["fits"],
+    row = dict(topology=args.compile_topology, compile_s=wall, fits=report["fits"],
                compiled_peak_gib=report["peak_bytes_per_chip"] / 2**30,
                budget_gib=report["memory_budget"]["budget_bytes"] / 2**30)
     peak = measured.get(recipe, {}).get("memory/peak_gib")

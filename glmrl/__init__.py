@@ -89,7 +89,8 @@ def _start_jax() -> None:
     from jax._src import xla_bridge
 
     _cpu_alone_without_an_accelerator()
-    if "cuda" not in (jax.config.jax_platforms or "cuda") and "gpu" not in (jax.config.jax_platforms or ""):
+    platforms = set((jax.config.jax_platforms or "").split(",")) - {""}
+    if platforms and not platforms & {"cuda", "gpu"}:
       xla_bridge._discover_and_register_pjrt_plugins()  # pylint: disable=protected-access  # what backends() runs
 
 

@@ -25,6 +25,8 @@ import dataclasses
 import math
 import re
 
+import numpy as np
+
 # Bytes per element of HLO's element types (pred is stored as a byte).
 _DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
                 "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e3m4": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
@@ -105,8 +107,6 @@ def groups(attributes: str, devices: int) -> list[list[int]]:
   """The device ids of each replica group (`{{0,1},{2,3}}`, iota `[2,4]<=[8]` or `[2,4]<=[4,2]T(1,0)`, mesh axes
   `mesh['x'=4,'y'=2] {'x'}`), or of each collective-permute's source-target pair; one group of all `devices`
   when they are empty or absent."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-
   m = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", attributes)
   if m:
     return [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),(\d+)\}", m.group(1))]
@@ -132,8 +132,6 @@ def groups(attributes: str, devices: int) -> list[list[int]]:
 
 def _iota(text: str):
   """The device ids of an iota list `[2,8]` or `[2,8]T(1,0)`: arange over the dims, transposed, flattened."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-
   m = re.fullmatch(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", text.strip())
   if not m:
     raise ValueError(f"unreadable iota device list {text!r}")
