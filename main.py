@@ -17,7 +17,9 @@ Every config key is listed and commented in configs/common.py. Modes write into 
 Compiled programs are kept in a persistent cache (--compilation_cache, default $JAX_COMPILATION_CACHE_DIR else
 ~/.cache/glmrl/jax): a second run, a resume, eval and generate of the same config skip their compilation.
 Bad input ends with one line naming the value and exit status 2; a run stopped by SIGTERM or Ctrl-C
-saves a checkpoint first and exits 143 or 130.
+saves a checkpoint first and exits 143 or 130. The processes of a multi-process run end as one: a refusal is the
+same line in every process, a signal to any of them stops all after the same step, and a lost process ends the
+others with one line (exit 1) after --distributed_heartbeat_timeout.
 """
 
 import importlib
@@ -33,11 +35,13 @@ import ml_collections
 from ml_collections import config_flags
 
 import glmrl  # noqa: F401  (library-wide settings)
+from glmrl import agreement
 from glmrl import compilation_cache
 from glmrl import config_checks
 from glmrl import config_files
 from glmrl import distributed
 from glmrl import gc_tuning
+from glmrl import peers
 from glmrl.checkpoint.signals import StopSignal
 from glmrl.errors import UserError
 from glmrl.train.workdir import layout_problem
@@ -55,6 +59,10 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process runs: this
 _DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
     "distributed_timeout", distributed.START_TIMEOUT_S, "Multi-process runs: seconds the processes wait for each "
     "other to start; then each one still waiting says which are missing and exits 2.", lower_bound=1)
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "distributed_heartbeat_timeout", distributed.HEARTBEAT_TIMEOUT_S, "Multi-process runs: seconds a process may "
+    "be silent (killed, out of memory, its host gone) before the others count it lost and exit 1 with one line "
+    "naming it and the last complete checkpoint.", lower_bound=1)
 _CACHE = flags.DEFINE_string("compilation_cache", None, "Folder of the persistent XLA compilation cache (compiled "
                              "programs reused by the next run, resume, eval or generate); \"\" turns it off. "
                              "Default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/glmrl/jax.")
@@ -218,17 +226,31 @@ except (AttributeError, KeyError, IndexError) as _e:
 def _check_workdir(workdir: str) -> None:
   """The workdir must name a folder that is or can be created (before any model is built)."""
   if not workdir:
-    _fail("--workdir is empty: pass the folder to write checkpoints, logs and samples into")
+    raise UserError("--workdir is empty: pass the folder to write checkpoints, logs and samples into")
   if os.path.exists(workdir) and not os.path.isdir(workdir):
-    _fail(f"--workdir={workdir}: is a file, not a folder")
+    raise UserError(f"--workdir={workdir}: is a file, not a folder")
   parent = os.path.dirname(os.path.abspath(workdir))
   while not os.path.exists(parent):
     parent = os.path.dirname(parent)
   if not os.path.isdir(parent) or not os.access(parent if not os.path.isdir(workdir) else workdir, os.W_OK):
-    _fail(f"--workdir={workdir}: not writable")
+    raise UserError(f"--workdir={workdir}: not writable")
   problem = os.path.isdir(workdir) and (not_a_run_folder(workdir) or layout_problem(workdir))
   if problem:
-    _fail(problem)
+    raise UserError(problem)
+
+
+def _launch_checks() -> None:
+  """Every check of the inputs this process sees (its workdir, config, files) before any model is built; each
+  process makes them, and they refuse together (main)."""
+  _check_workdir(_WORKDIR.value)
+  config_checks.validate(_CONFIG.value, _MODE.value)
+  problem = _MODE.value != "compile" and other_run_problem(_WORKDIR.value, _CONFIG.value)
+  if not problem and _MODE.value == "eval":
+    problem = no_checkpoint_to_evaluate(_WORKDIR.value, _CONFIG.value.eval.steps)
+  if problem:
+    raise UserError(problem)
+  if _USE_EMA.value:
+    config_checks.check_use_ema(_CONFIG.value, _MODE.value)
 
 
 def _run_facts(config) -> dict:
@@ -237,7 +259,17 @@ def _run_facts(config) -> dict:
   for key in config_files.WHOLE:  # the reward lists, which leaves() leaves out
     section, _, name = key.rpartition(".")
     values[key] = repr((config[section] if section else config).get(name))
-  return {"mode": _MODE.value, "workdir": os.path.abspath(_WORKDIR.value), "config": values}
+  return {"mode": _MODE.value, "workdir": os.path.abspath(_WORKDIR.value), "use_ema": _USE_EMA.value,
+          "config": values}
+
+
+def _end_run(line: str, status: int) -> None:
+  """Ends this process of a multi-process run on an error only it met: the others are told (glmrl.peers) and end
+  with the same line and status, instead of waiting for it at their next collective."""
+  peers.announce_exit({"error": line, "status": status})
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # pylint: disable=protected-access  (its peer threads may be inside the coordination client)
 
 
 def main(argv):
@@ -245,29 +277,40 @@ def main(argv):
     _fail(f"unexpected arguments {argv[1:]}: every setting is a --flag (python main.py --help)")
   module_name, fn_name = _MODES[_MODE.value].split(":")
   gc_tuning.for_tracing()
-  _check_workdir(_WORKDIR.value)
   try:
     # A signal ends any mode within a second, also inside an XLA compile; train saves its finished steps first.
     with StopSignal(what=f"--mode={_MODE.value} stopped"):
       distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                             _DISTRIBUTED_TIMEOUT.value, _run_facts(_CONFIG.value))
-      config_checks.validate(_CONFIG.value, _MODE.value)
-      problem = _MODE.value != "compile" and other_run_problem(_WORKDIR.value, _CONFIG.value)
-      if not problem and _MODE.value == "eval":
-        problem = no_checkpoint_to_evaluate(_WORKDIR.value, _CONFIG.value.eval.steps)
-      if problem:
-        raise UserError(problem)
+                             _DISTRIBUTED_TIMEOUT.value, _run_facts(_CONFIG.value), _HEARTBEAT_TIMEOUT.value)
+      peers.watch(_WORKDIR.value, StopSignal.peer_exited)
+      agreement.checked(_launch_checks)
       compilation_cache.enable(compilation_cache.folder(_CACHE.value))
-      kwargs = {}
-      if _USE_EMA.value:
-        config_checks.check_use_ema(_CONFIG.value, _MODE.value)
-        kwargs["use_ema"] = True
+      kwargs = {"use_ema": True} if _USE_EMA.value else {}
       # Imported here: TensorBoard's imports take seconds that a config failing its checks need not wait for.
       from glmrl.logging import quiet_library_logs  # pylint: disable=import-outside-toplevel
       quiet_library_logs()
-      result = getattr(importlib.import_module(module_name), fn_name)(_CONFIG.value, _WORKDIR.value, **kwargs)
+      try:
+        result = getattr(importlib.import_module(module_name), fn_name)(_CONFIG.value, _WORKDIR.value, **kwargs)
+      except UserError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        if not peers.watching():
+          raise
+        # A collective's error in a multi-process run is most often a peer gone: its line (glmrl.peers) rather
+        # than this traceback, once the coordination service has counted it lost. Else this process's own error,
+        # with its traceback, and the others end with it.
+        peers.wait_for_loss(_HEARTBEAT_TIMEOUT.value + 5 * peers.POLL_S)
+        traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        _end_run(f"failed with {type(e).__name__}: {first} (its traceback is in its output)", 1)
       distributed.finished()
-  except UserError as e:
+  except agreement.Refusal as e:  # every process has it: they leave together
+    distributed.leave()
+    _fail(str(e))
+  except UserError as e:  # this process's alone (mid-run): the others end with it rather than wait for it
+    if peers.watching():
+      print(f"error: {e}", file=sys.stderr)
+      _end_run(str(e), 2)
     _fail(str(e))
   stopped_by = (result or {}).get("stopped_by")
   if stopped_by:  # a scheduler tells a preemption from completion by the status

@@ -24,39 +24,19 @@ one meaning throughout the package:
 
 import importlib.util
 import os
-import re
 import sys
-import tempfile
+
+from glmrl import quiet_stderr
 
 
-class _WithoutTheCudaDriverLines:
-  """JAX's CUDA plugin (requirements-compile-gpu.txt, for `--mode=compile` of GPU targets) loads its CUDA stubs when
-  JAX is imported and again when JAX discovers its plugins, and on a host without an NVIDIA driver each load prints
-  `Could not find cuda drivers on your machine, GPU will not be used.` after absl's `WARNING: All log messages before
-  absl::InitializeLog() ...`: eight lines of noise before a run's first line (and in front of every one-line error)
-  on every CPU host that can compile for GPUs. Absl prints them before any setting is read, so inside this context
-  the process's stderr (file descriptor 2) goes to a temporary file, and what was written goes back to stderr on
-  exit without exactly those lines."""
-
-  NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR|"
-                     r"I\d+ [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will "
-                     r"not be used\.)$")
-
-  def __enter__(self):
-    sys.stderr.flush()
-    self._saved, self._captured = os.dup(2), tempfile.TemporaryFile()
-    os.dup2(self._captured.fileno(), 2)
-
-  def __exit__(self, *exc):
-    sys.stderr.flush()
-    os.dup2(self._saved, 2)
-    os.close(self._saved)
-    with self._captured as captured:
-      captured.seek(0)
-      lines = captured.read().decode("utf-8", errors="replace").splitlines(keepends=True)
-    kept = "".join(line for line in lines if not self.NOISE.match(line.rstrip("\n")))
-    if kept:
-      os.write(2, kept.encode("utf-8"))
+# JAX's CUDA plugin (requirements-compile-gpu.txt, for `--mode=compile` of GPU targets) loads its CUDA stubs when JAX
+# is imported and again when JAX discovers its plugins, and on a host without an NVIDIA driver each load prints
+# `Could not find cuda drivers on your machine, GPU will not be used.` after absl's `WARNING: All log messages before
+# absl::InitializeLog() ...`: eight lines of noise before a run's first line (and in front of every one-line error)
+# on every CPU host that can compile for GPUs. Absl prints them before any setting is read: left out of fd 2.
+_CUDA_DRIVER_LINES = (r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR|"
+                      r"I\d+ [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU "
+                      r"will not be used\.)$")
 
 
 def _cpu_alone_without_an_accelerator() -> None:
@@ -77,14 +57,14 @@ def _cpu_alone_without_an_accelerator() -> None:
 
 def _start_jax() -> None:
   """Imports JAX and chooses its platforms (`_cpu_alone_without_an_accelerator`); on a host without an NVIDIA driver
-  where the CUDA plugin is installed, quietly (`_WithoutTheCudaDriverLines`), its plugins discovered inside the
+  where the CUDA plugin is installed, quietly (`_CUDA_DRIVER_LINES` left out), its plugins discovered inside the
   quiet part too once the platforms exclude CUDA (the plugin then skips its CUDA version checks)."""
   quiet = ("jax" not in sys.modules and not os.path.exists("/proc/driver/nvidia/version")
            and importlib.util.find_spec("jax_cuda12_plugin") is not None)
   if not quiet:
     _cpu_alone_without_an_accelerator()
     return
-  with _WithoutTheCudaDriverLines():
+  with quiet_stderr.without(_CUDA_DRIVER_LINES):
     import jax
     from jax._src import xla_bridge
 

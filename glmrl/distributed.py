@@ -18,29 +18,51 @@ import collections
 import os
 
 import jax
+from absl import logging
 
+from glmrl import peers
+from glmrl import quiet_stderr
 from glmrl import rendezvous
 from glmrl.errors import UserError
 
 
+# What a process started by `srun` holds (jax's SlurmCluster reads them); an `salloc` shell has SLURM_NTASKS alone.
+SLURM_TASK = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_PROCID", "SLURM_LOCALID")
+
+
 def detected() -> bool:
-  """True on a multi-task SLURM job or a multi-host Cloud TPU slice."""
+  """True in a task of a multi-task SLURM job step or on a multi-host Cloud TPU slice. A shell of a SLURM
+  allocation (`salloc`) with SLURM_NTASKS > 1 but no task of a step is one process, said in one line."""
   if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-    return True
+    missing = [v for v in SLURM_TASK if v not in os.environ]
+    if not missing:
+      return True
+    logging.info("SLURM_NTASKS=%s but this process is no task of a job step (no %s): one process; `srun python "
+                 "main.py ...` starts the job's tasks", os.environ["SLURM_NTASKS"], ", ".join(missing))
   return len([h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
 
 
 # How long the processes of a run wait for each other to start (main.py's --distributed_timeout).
 START_TIMEOUT_S = 300
+# How long a process may send no heartbeat before the coordination service counts it lost (main.py's
+# --distributed_heartbeat_timeout; JAX's default).
+HEARTBEAT_TIMEOUT_S = 100
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, timeout_s: int = START_TIMEOUT_S, facts: dict | None = None) -> None:
+               process_id: int | None = None, timeout_s: int = START_TIMEOUT_S, facts: dict | None = None,
+               heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S) -> None:
   """Starts jax.distributed when several processes run; nothing for a single process.
 
   With explicit flags the processes first meet (`glmrl.rendezvous.meet`, within `timeout_s`) and compare `facts`
-  (mode, workdir, config: what every process must hold equally), so that a launch mistake is one UserError in the
-  processes it concerns instead of a hang or an abort inside jax."""
+  (mode, workdir, config, versions: what every process must hold equally), so that a launch mistake is one UserError
+  in the processes it concerns instead of a hang or an abort inside jax; detected launches (SLURM, Cloud TPU)
+  compare them once jax.distributed runs (`agreement.same_facts`).
+
+  JAX's preemption service stays off: its SIGTERM handler (XLA's, in C++) would replace glmrl's, which stops every
+  process at one step on SIGTERM and SIGINT alike, also mid-compile (glmrl.checkpoint.signals). The coordination
+  service runs recoverable: a lost process is marked so after `heartbeat_timeout_s` instead of aborting every
+  other one inside XLA, and `glmrl.peers` ends them with one line."""
   explicit = (coordinator_address, num_processes, process_id)
   if any(v is not None for v in explicit):
     if any(v is None for v in explicit):
@@ -54,15 +76,35 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     return
   # Collectives of the CPU backend (the compute backend of CPU runs); accelerators bring their own.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.config.update("jax_enable_preemption_service", False)
+  jax.config.update("jax_enable_recoverability", True)
+  facts = {**rendezvous.launch_facts(), **(facts or {})}
   if any(v is not None for v in explicit):
-    rendezvous.meet(coordinator_address, num_processes, process_id, timeout_s,
-                    {"code": rendezvous.code_digest(), **(facts or {})})
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id, initialization_timeout=timeout_s)
+    rendezvous.meet(coordinator_address, num_processes, process_id, timeout_s, facts)
+    kwargs = dict(coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id)
   else:
-    jax.distributed.initialize()
+    kwargs = {}
+  with quiet_stderr.without(_RECOVERABLE_NOTICE):
+    jax.distributed.initialize(**kwargs, initialization_timeout=timeout_s, heartbeat_timeout_seconds=heartbeat_timeout_s)
+  _heartbeat_s[0] = heartbeat_timeout_s
+  if not any(v is not None for v in explicit):
+    from glmrl import agreement  # pylint: disable=import-outside-toplevel  (it imports this module)
+
+    agreement.same_facts(facts)
   if jax.default_backend() == "cpu":
     one_program_at_a_time()
+
+
+_heartbeat_s = [None]
+
+
+def heartbeat_timeout() -> int | None:
+  """The heartbeat timeout the coordination service runs with (None without one)."""
+  return _heartbeat_s[0]
+
+
+# What XLA's coordination service logs once, at its start, when it runs recoverable (glmrl's choice, above).
+_RECOVERABLE_NOTICE = r"^W\d+ [\d:.]+ +\d+ coordination_service\.cc:\d+\] .*Using experimental recoverable task feature.*$"
 
 
 # The jax version the CPU process-group patches below were written for (requirements.txt pins it): they replace
@@ -123,23 +165,28 @@ def one_program_at_a_time() -> None:
 def all_agree(name: str, value: bool) -> bool:
   """True when `value` is True in every process (each tells the others through the coordination service, no
   device collective); `value` in a single process."""
-  return all(v == "1" for v in _every_process(name, "1" if value else "0"))
+  return all(v == "1" for v in every_process(name, "1" if value else "0"))
 
 
 def smallest(name: str, value: int) -> int:
   """The smallest of every process's `value`, the same number in every process (through the coordination
   service): e.g. the device memory a choice must fit on every host."""
-  return min(int(v) for v in _every_process(name, str(value)))
+  return min(int(v) for v in every_process(name, str(value)))
 
 
-def _every_process(name: str, value: str) -> list[str]:
-  """Every process's `value`, in process order, in every process."""
+def every_process(name: str, value: str, forget_previous: bool = False) -> list[str]:
+  """Every process's `value`, in process order, in every process. `forget_previous`: this process's value of the
+  previous exchange of `name` is deleted (every process has read it once this one is complete), so that an
+  exchange made at every step keeps two keys per process in the coordination service, not one per step."""
   if jax.process_count() == 1:
     return [value]
   client, key = _client(), _key(name)
   client.key_value_set(f"{key}/{jax.process_index()}", value)
   timeout_ms = BARRIER_TIMEOUT_S * 1000
-  return [client.blocking_key_value_get(f"{key}/{i}", timeout_ms) for i in range(jax.process_count())]
+  values = [client.blocking_key_value_get(f"{key}/{i}", timeout_ms) for i in range(jax.process_count())]
+  if forget_previous and _asked[name] > 1:
+    client.key_value_delete(f"glmrl/{name}/{_asked[name] - 1}/{jax.process_index()}")
+  return values
 
 
 def from_main(name: str, value: str) -> str:
@@ -196,7 +243,16 @@ def finished() -> None:
     from jax.experimental import multihost_utils
 
     multihost_utils.sync_global_devices("glmrl: mode finished")
-    # Leave the coordination service here, together and while every process is healthy. At exit jax tears down
-    # its backends first and shuts down after, so a process that is slow or dies in that teardown would hold the
-    # others at the shutdown barrier until they abort on its missing heartbeats.
-    jax.distributed.shutdown()
+    leave()
+
+
+def leave() -> None:
+  """This process leaves the coordination service, once every process has its run's outcome (finished, or refused
+  together): the others first, process 0 (the service's host) once they have (`peers.leave`). At exit jax tears
+  down its backends first and shuts down after, so a process slow or dying in that teardown would hold the others."""
+  if jax.process_count() == 1 or _client() is None:
+    return
+  peers.leave()
+  jax.distributed.shutdown()
+
+

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib.metadata
 import json
 import os
 import socket
@@ -24,7 +25,9 @@ import time
 from glmrl.errors import UserError
 
 # What every process of a run must hold equally, in the order a mismatch is reported.
-FACTS = ("num_processes", "mode", "workdir", "code", "config")
+FACTS = ("num_processes", "mode", "workdir", "code", "versions", "use_ema", "config")
+# The packages whose versions every process must share (their programs, checkpoints and collectives meet).
+PACKAGES = ("jax", "jaxlib", "flax", "orbax-checkpoint", "optax")
 _TAG = "glmrl-rendezvous-1"
 _HELLO_WAIT_S = 10.0  # a connection that says nothing for this long is not one of the run's processes
 
@@ -43,11 +46,26 @@ def parse_address(address: str) -> tuple[str, int]:
   return host.strip("[]"), int(port)
 
 
+def launch_facts() -> dict:
+  """The facts of this host's installation every process must share: its code and the packages' versions."""
+  versions = {}
+  for package in PACKAGES:
+    try:
+      versions[package] = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      versions[package] = None
+  return {"code": code_digest(), "versions": versions}
+
+
 def code_digest(root: str | None = None) -> str:
-  """A digest of the Python sources of glmrl and the shipped configs under `root` (default: this checkout): hosts
-  that run other code are told apart before their programs disagree."""
+  """A digest of main.py and the Python sources of glmrl and the shipped configs under `root` (default: this
+  checkout): hosts that run other code are told apart before their programs disagree."""
   root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   digest = hashlib.sha256()
+  main = os.path.join(root, "main.py")
+  if os.path.isfile(main):
+    with open(main, "rb") as f:
+      digest.update(b"main.py" + f.read())
   for folder in ("glmrl", "configs"):
     for dirpath, dirnames, filenames in os.walk(os.path.join(root, folder)):
       dirnames.sort()
@@ -107,7 +125,7 @@ def _serve(port: int, mine: dict, timeout_s: float) -> None:
         problem = (f"two processes were started with --process_id={peer_id}: give each process its own id in "
                    f"0..{n - 1}")
       else:
-        problem = _mismatch(hello, mine)
+        problem = mismatch(hello, mine)
         ids.add(peer_id)
     answer = {"tag": _TAG, "problem": problem}
     for conn in conns:
@@ -147,8 +165,8 @@ def _join(host: str, port: int, mine: dict, timeout_s: float) -> None:
     raise UserError(f"process 0 refused this run: {answer['problem']}")
 
 
-def _mismatch(hello: dict, mine: dict) -> str | None:
-  """The first fact a peer holds otherwise than process 0, in one line; None when they agree."""
+def mismatch(hello: dict, mine: dict) -> str | None:
+  """The first fact a peer (`hello`) holds otherwise than process 0 (`mine`), in one line; None when they agree."""
   i = hello.get("process_id")
   if not isinstance(i, int) or not 0 < i < mine["num_processes"]:
     return (f"a process was started with --process_id={i} and --num_processes={hello.get('num_processes')}, "
@@ -163,8 +181,13 @@ def _mismatch(hello: dict, mine: dict) -> str | None:
       return (f"process {i} has config.{key}={theirs.get(key, '<missing>')} and process 0 "
               f"config.{key}={ours.get(key, '<missing>')}: start every process with the same --config and flags")
     if fact == "code":
-      return (f"process {i} runs other glmrl code than process 0 (source digest {theirs} vs {ours}): install the "
-              "same version on every host")
+      return (f"process {i} runs other glmrl code than process 0 (source digest of main.py, glmrl/ and configs/ "
+              f"{theirs} vs {ours}): install the same version on every host")
+    if fact == "versions":
+      theirs, ours = theirs or {}, ours or {}
+      package = sorted(p for p in set(theirs) | set(ours) if theirs.get(p) != ours.get(p))[0]
+      return (f"process {i} has {package}=={theirs.get(package)} and process 0 {package}=={ours.get(package)}: "
+              "install the same versions on every host (requirements.txt)")
     flag = "--workdir" if fact == "workdir" else f"--{fact}"
     return f"process {i} was started with {flag}={theirs} and process 0 with {flag}={ours}"
   return None

@@ -244,7 +244,8 @@ def test_decoupled_run_as_two_processes_exports_adapters_that_peft_and_diffusers
   config = glm_image_t2i_decoupled.get_config("tiny")
   config.model.checkpoint_dir = str(ckpt)
   run = setup.build(config)
-  adapters, step = restore_trained_params(str(workdir), run.states["ar"].checkpoint_params())
+  restored, step = restore_trained_params(str(workdir), {"params": run.states["ar"].checkpoint_params()})
+  adapters = restored["params"]
   assert step == 2
   model = nnx.merge(run.states["ar"].graphdef, adapters, run.states["ar"].frozen)
   ids, mask, grids, per_sample = _ar_inputs(run.pipeline.configs.ar)

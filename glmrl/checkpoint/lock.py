@@ -4,7 +4,7 @@ Two trainings into one folder would interleave their metrics rows and overwrite 
 The lock is taken before any model is built and removed when the run ends, however it ends short of
 being killed; a lock left by a killed process on this host is taken over with a warning. A lock held from
 another host cannot be checked from here: the message names it and the file to delete if it is stale.
-In a multi-process run, process 0 holds it for all.
+In a multi-process run, process 0 holds it for all, and a refusal is every process's (`agreement.refuse_together`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 
 from absl import logging
 
+from glmrl import agreement
 from glmrl import distributed
 from glmrl.errors import UserError
 
@@ -58,14 +59,22 @@ class WorkdirLock:
     return True
 
   def __enter__(self) -> "WorkdirLock":
-    if not distributed.is_main():
-      return self
+    problem = None
+    if distributed.is_main():
+      try:
+        self._take()
+      except UserError as e:
+        problem = str(e)
+    agreement.refuse_together(problem)
+    return self
+
+  def _take(self) -> None:
     os.makedirs(self.workdir, exist_ok=True)
     me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     for attempt in range(3):
       if self._try_create(me):
         self.held = True
-        return self
+        return
       holder = self._read()
       if holder is None and attempt == 0:  # being written by a run that just took it
         time.sleep(0.2)

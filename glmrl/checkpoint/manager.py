@@ -11,6 +11,10 @@ the run started from as `source.json` (the export takes every other pipeline com
 A step that does not restore (a truncated or missing file) is reported and
 the newest step that does restore is used; the unreadable steps are moved,
 untouched, into `checkpoints/unreadable/` (see `restore_latest`).
+
+With several processes the restore is agreed (glmrl.agreement): each process reads its own shards of a step through
+a reader of its own (Orbax's barriers, device collectives, would hold the others while one process's read fails),
+and the step is used only when every process read it; else every process tries the next older one.
 """
 
 import contextlib
@@ -24,10 +28,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from glmrl import agreement
+from glmrl import distributed
 from glmrl.checkpoint.adapters import check_adapters
 from glmrl.checkpoint.atomic import write_json_atomic
 from glmrl.checkpoint.errors import CheckpointError, CheckpointSaveError
 from glmrl.checkpoint.orbax_noise import ORPHANED_READS
+from glmrl.checkpoint.step_files import step_problem
 from glmrl.thread_errors import quiet_os_errors
 
 AR_CONFIG_FILE = "ar_config.json"
@@ -150,12 +157,16 @@ class TrainCheckpointer:
     """Restores the named items onto the shardings carried by their abstract trees; returns (items, key, meta)."""
     abstract_key_data = jax.eval_shape(jax.random.key_data, abstract_rng_key)
     key_data = np.zeros(abstract_key_data.shape, abstract_key_data.dtype)
-    restored = self.manager.restore(
-        step,
-        args=ocp.args.Composite(
-            **{k: ocp.args.StandardRestore(v) for k, v in abstract_items.items()},
-            rng=ocp.args.StandardRestore({"key_data": key_data}),
-            meta=ocp.args.JsonRestore()))
+    reader = local_reader(self.directory, (*abstract_items, "rng", "meta"))
+    try:
+      restored = reader.restore(
+          step,
+          args=ocp.args.Composite(
+              **{k: ocp.args.StandardRestore(v) for k, v in abstract_items.items()},
+              rng=ocp.args.StandardRestore({"key_data": key_data}),
+              meta=ocp.args.JsonRestore()))
+    finally:
+      reader.close()
     key = jax.random.wrap_key_data(np.asarray(restored.rng["key_data"]), impl=jax.random.key_impl(abstract_rng_key))
     return {k: restored[k] for k in abstract_items}, key, restored.meta
 
@@ -173,11 +184,14 @@ class TrainCheckpointer:
         self.directory, self.manager.all_steps(), lambda s: self.restore(s, abstract_items, abstract_rng_key))
     if step is None:
       return None
-    for bad, _ in failures:
-      moved = self._set_aside(bad)
-      logging.warning("moved unreadable checkpoint step %d to %s (nothing deleted); resuming from step %d "
-                      "at %s", bad, moved, step, self.step_path(step))
     if failures:
+      # Process 0 moves them once every process has read what it restores; the others find them moved.
+      if distributed.is_main():
+        for bad, _ in failures:
+          moved = self._set_aside(bad)
+          logging.warning("moved unreadable checkpoint step %d to %s (nothing deleted); resuming from step %d "
+                          "at %s", bad, moved, step, self.step_path(step))
+      distributed.barrier("unreadable checkpoint steps set aside")
       self.manager.reload()
     return (step, *restored)
 
@@ -215,14 +229,18 @@ def restore_newest(directory: str, steps, restore):
   when steps exist and none restores.
   """
   failures = []
-  for step in sorted(steps, reverse=True):
+  for step in sorted(agreement.steps_to_try(steps), reverse=True):
     path = os.path.join(directory, str(step))
+    restored, failure = None, None
     try:
       with ORPHANED_READS.restoring(path):
         restored = restore(step)
     except Exception as e:  # pylint: disable=broad-except  # whatever broke this step, older ones may read
-      failures.append((step, describe_failure(path, e)))
-      logging.warning("checkpoint step %d at %s does not restore: %s", step, path, failures[-1][1])
+      failure = describe_failure(path, e)
+    failure = agreement.restored_everywhere(step, failure)  # every process's read of it, or the first failure
+    if failure:
+      failures.append((step, failure))
+      logging.warning("checkpoint step %d at %s does not restore: %s", step, path, failure)
       continue
     return step, restored, failures
   if failures:
@@ -238,28 +256,47 @@ def saved_steps(workdir: str) -> list[int]:
   return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(directory) else []
 
 
-def restore_trained_params(workdir: str, like_state, item: str = "params", step: int | None = None):
-  """(params state, step) of the newest training checkpoint in `<workdir>/checkpoints` that restores (of `step`
-  alone when given: CheckpointError when it does not restore), or (None, None) without checkpoints.
+def last_complete(workdir: str) -> tuple[int, str] | None:
+  """(step, folder) of the newest checkpoint step of a run that reads as complete (`step_problem`), or None."""
+  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+  for step in reversed(saved_steps(workdir)):
+    if not step_problem(directory, step):
+      return step, os.path.join(directory, str(step))
+  return None
 
-  Only the `item` item (a policy's `Saved.params`) is read, onto the shardings and dtypes of `like_state`. An unreadable step
-  is reported and the next older one tried; nothing is moved or changed (sampling and evaluation
-  are read-only: the training run sets unreadable steps aside). CheckpointError when none restores.
+
+def restore_trained_params(workdir: str, like_states: dict, step: int | None = None):
+  """({item: params state}, step) of the newest training checkpoint in `<workdir>/checkpoints` whose every item of
+  `like_states` restores (of `step` alone when given: CheckpointError when it does not restore), or (None, None)
+  without checkpoints: one step for every policy.
+
+  Only those items (each policy's `Saved.params` or `Saved.ema`) are read, onto the shardings and dtypes of their
+  `like_states`. An unreadable step is reported and the next older one tried; nothing is moved or changed (sampling
+  and evaluation are read-only: the training run sets unreadable steps aside). CheckpointError when none restores.
   """
   directory = os.path.join(os.path.abspath(workdir), "checkpoints")
   if not os.path.isdir(directory):
     return None, None
-  manager = ocp.CheckpointManager(directory, item_names=(item,),
-                                  options=ocp.CheckpointManagerOptions(read_only=True, create=False))
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like_state)
+  manager = local_reader(directory, tuple(like_states))
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like_states)
   try:
     steps = manager.all_steps() if step is None else [step]
     step, restored, _ = restore_newest(
         directory, steps,
-        lambda s: manager.restore(s, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(abstract)})))
+        lambda s: manager.restore(s, args=ocp.args.Composite(
+            **{item: ocp.args.StandardRestore(tree) for item, tree in abstract.items()})))
   finally:
     manager.close()
-  return (None, None) if step is None else (restored[item], step)
+  return (None, None) if step is None else ({item: restored[item] for item in like_states}, step)
+
+
+def local_reader(directory: str, items: tuple[str, ...]) -> ocp.CheckpointManager:
+  """A read-only manager of `directory` whose restores read this process's shards without Orbax's barriers
+  across processes (the restore's agreement is `restore_newest`'s)."""
+  me = jax.process_index()
+  return ocp.CheckpointManager(directory, item_names=items, options=ocp.CheckpointManagerOptions(
+      read_only=True, create=False, save_interval_steps=0,  # what read_only sets (with a warning otherwise)
+      multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})))
 
 
 def describe_failure(step_path: str, error: BaseException) -> str:

@@ -6,14 +6,20 @@ watcher thread: while the run holds nothing unsaved (setup, a restore, the first
 watcher runs the cleanups (the workdir lock) and ends the process with 128 + the signal at once. Once a step
 has finished, the signal only sets the flag the loop polls between steps: the step in flight is finished and
 saved, as a scheduler's grace period expects.
+
+With several processes (glmrl.peers, glmrl.agreement), a signal reaches one process or all of them at different
+moments, and they still end as one: an immediate exit is announced to the others, which exit at once too with the
+same status; a flag set by a signal is read by every process after every step (`agreement.stop_signal`), so all of
+them stop after the same step, save it together and exit with the same status.
 """
 
 import os
 import signal
-import sys
 import threading
 
 from absl import logging
+
+from glmrl import quiet_stderr
 
 
 class StopSignal:
@@ -24,6 +30,7 @@ class StopSignal:
   """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
+  _active = []  # the contexts in force, innermost last: a peer's exit runs the innermost one's cleanups
 
   def __init__(self, cleanup=(), what: str = "nothing to save yet"):
     self.received = None
@@ -39,15 +46,41 @@ class StopSignal:
     with self._mutex:
       self._immediate = False
 
-  def _exit_now(self, signum: int) -> None:
+  def _exit_now(self, signum: int, peer: dict | None = None) -> None:
+    """Ends the process with 128 + `signum` after its cleanups; `peer`: the notice of the process whose signal this
+    is (glmrl.peers), else this process's own signal, announced to the others first."""
     name = signal.Signals(signum).name
-    print(f"{name} received: {self._what}; exiting", file=sys.stderr, flush=True)
+    if peer is None:
+      _say(f"{name} received: {self._what}; exiting")
+      from glmrl import peers  # pylint: disable=import-outside-toplevel  (jax: with several processes only)
+
+      peers.announce_exit({"signal": name, "what": self._what})
+    else:
+      _say(f"{name} received by process {peer['process']}: {peer['what']}; exiting")
+    self._end(128 + signum)
+
+  def _end(self, status: int) -> None:
     for fn in self._cleanup:
       try:
         fn()
       except Exception as e:  # pylint: disable=broad-except  (exiting regardless)
-        print(f"while exiting: {e}", file=sys.stderr, flush=True)
-    os._exit(128 + signum)  # pylint: disable=protected-access  (no unwinding: the main thread may be in XLA)
+        _say(f"while exiting: {e}")
+    os._exit(status)  # pylint: disable=protected-access  (no unwinding: the main thread may be in XLA)
+
+  @classmethod
+  def peer_exited(cls, notice: dict) -> None:
+    """A peer process exits at once (glmrl.peers' notice): on a signal, or on an error only it found; this one does
+    so too, with the same status and line, after the cleanups of its innermost context."""
+    if notice.get("signal"):
+      signum = signal.Signals[notice["signal"]].value
+      if cls._active:
+        cls._active[-1]._exit_now(signum, peer=notice)  # pylint: disable=protected-access
+      _say(f"{notice['signal']} received by process {notice['process']}: {notice['what']}; exiting")
+      os._exit(128 + signum)  # pylint: disable=protected-access
+    _say(f"error: process {notice['process']}: {notice['error']}")
+    if cls._active:
+      cls._active[-1]._end(notice.get("status", 2))  # pylint: disable=protected-access
+    os._exit(notice.get("status", 2))  # pylint: disable=protected-access
 
   def _watch(self, read_fd: int) -> None:
     try:
@@ -76,9 +109,11 @@ class StopSignal:
       self._previous[sig] = signal.signal(sig, self._handle)
     self._previous_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
     threading.Thread(target=self._watch, args=(read_fd,), name="stop-signal", daemon=True).start()
+    StopSignal._active.append(self)
     return self
 
   def __exit__(self, *exc):
+    StopSignal._active.remove(self)
     with self._mutex:  # no immediate exit from here on: the run is returning by itself
       self._immediate = False
     signal.set_wakeup_fd(self._previous_fd)
@@ -89,3 +124,8 @@ class StopSignal:
 
   def __bool__(self):
     return self.received is not None
+
+
+def _say(line: str) -> None:
+  """A line on the console's stderr, also while a library's output is held back (glmrl.quiet_stderr)."""
+  os.write(quiet_stderr.console_fd(), (line + "\n").encode())

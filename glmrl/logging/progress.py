@@ -24,12 +24,15 @@ SHOWN = (
 POLICY_PREFIXES = ("", "ar/", "decoder/")
 
 
-def console(line: str) -> None:
-  """A line for the person watching (stderr, process 0 alone), without the log prefix of absl's records."""
+def console(line: str, elsewhere: str | None = None) -> None:
+  """A line for the person watching (stderr, process 0 alone), without the log prefix of absl's records;
+  `elsewhere`: the line of the other processes of a run (that each is alive and where), if any."""
   from glmrl import distributed  # pylint: disable=import-outside-toplevel  (jax: only once a line is printed)
 
   if distributed.is_main():
     print(line, file=sys.stderr, flush=True)
+  elif elsewhere:
+    print(elsewhere, file=sys.stderr, flush=True)
 
 
 def _clock(seconds: float) -> str:
@@ -75,6 +78,11 @@ class Progress:
     if scalars.get("skipped"):
       parts.append("SKIPPED (non-finite)")
     return " | ".join(parts)
+
+  def alive(self, process: int, step: int, scalars: Mapping[str, float]) -> str:
+    """The short line of a process other than 0 (process 0's line carries the metrics)."""
+    seconds = scalars.get("time/step")
+    return f"process {process}: step {step}/{self.num_steps} done" + (f" ({seconds:.2f} s)" if seconds else "")
 
   def summary(self, step: int, outputs: Mapping[str, str], stopped_by: str | None = None) -> str:
     """This process's steps (a resumed run counts from its resume), their reward, and where each output is

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from glmrl import agreement
 from glmrl import device_memory
 from glmrl import sharding as sharding_lib
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
@@ -249,18 +250,21 @@ def _train(config, workdir: str, stop: StopSignal) -> dict:
     while trainer.step_index < num_steps:
       last = trainer.step()
       stop.work_in_progress()  # a finished step: a signal now saves it before exiting
-      console(progress.line(trainer.step_index, last))
+      console(progress.line(trainer.step_index, last), progress.alive(jax.process_index(), trainer.step_index, last))
+      # Every process stops after the same step: the one whose signal any of them had by now.
+      stopping = agreement.stop_signal(stop.received)
       trainer.save()
-      if config.eval.interval and trainer.step_index % config.eval.interval == 0 and not stop:
+      if config.eval.interval and trainer.step_index % config.eval.interval == 0 and not stopping:
         evaluated = evaluate_lib.run_eval(trainer.run, trainer.run.sampling_params(), trainer.writer,
                                           trainer.step_index)
         hacking, warnings = trainer.hacking.evaluated(trainer.step_index, evaluated)
         trainer.writer.write_scalars(trainer.step_index, hacking)
         for warning in warnings:
           logging.warning("%s", warning)
-      if stop:
-        stopped_by = stop.received
-        logging.warning("stopping at step %d on %s", trainer.step_index, stopped_by)
+      if stopping:
+        stopped_by, by = stopping
+        where = f" (received by process {by})" if jax.process_count() > 1 else ""
+        logging.warning("stopping at step %d on %s%s", trainer.step_index, stopped_by, where)
         break
     trainer.save(force=True)
   except RemoteRewardError as e:

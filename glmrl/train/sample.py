@@ -20,23 +20,25 @@ def restored_params(run, workdir: str, use_ema: bool = False, step: int | None =
   policy's adapters must be of its base. What the run does not train (the AR generator of a decoder-only run,
   the DiT of an AR run) is as built. `use_ema`: a policy that keeps a moving average is restored from it.
   `step`: that checkpoint, not the newest."""
-  wanted = step
   directory = os.path.join(workdir, "checkpoints")
   has_steps = bool(saved_steps(workdir))
-  trainables, step = {}, None
+  items = {}
   for name, state in run.states.items():
     saved = state.policy.saved
     check_adapters(directory, state.adapters_record(run.config), has_steps, saved.adapters_file,
                    saved.lora_section)
     averaged = use_ema and state.policy.settings.ema.enabled
-    item = saved.ema if averaged else saved.params
-    saved, saved_step = restore_trained_params(workdir, state.checkpoint_params(), item, wanted)
-    trainables[name] = state.trainable if saved is None else state.trainable_of(saved)
-    step = saved_step if step is None else step
+    items[name] = (saved.ema if averaged else saved.params, state)
+  # One step for every policy: the newest whose every item restores (in every process).
+  restored, step = restore_trained_params(workdir, {item: state.checkpoint_params() for item, state in items.values()},
+                                          step)
+  trainables = {name: state.trainable if restored is None else state.trainable_of(restored[item])
+                for name, (item, state) in items.items()}
   if step is None:
     logging.info("no checkpoint in %s: the initial models", directory)
   else:
-    logging.info("the trained parameters%s of step %d", " (their moving average)" if use_ema else "", step)
+    logging.info("the trained parameters%s of step %d (%s)", " (their moving average)" if use_ema else "", step,
+                 ", ".join(item for item, _ in items.values()))
   return run.sampling_params(trainables), step
 
 

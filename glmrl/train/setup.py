@@ -11,6 +11,7 @@ import os
 import jax
 from absl import logging
 
+from glmrl import agreement
 from glmrl import device_memory, distributed
 from glmrl import sharding as sharding_lib
 from glmrl.programs import auto
@@ -187,6 +188,35 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
   """Checks inputs, then builds the mesh, data, rewards, models, pipeline and the trained policies' states
   (`train`: with their optimizers and references; `resume_data`: the prompt iterator's state in the checkpoint the
   run resumes from, checked against the prompts first)."""
+  # Each part checks this process's view (its prompt files, the reward servers it reaches); every process refuses
+  # together (glmrl.agreement) before any model is built. The plan's resolution between them exchanges facts.
+  draft, records, eval_records = agreement.checked(lambda: _checked_draft(config, train))
+  mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  plan = resolve_plan(draft, mesh)
+  composers, composer, processor, glyph_tokenizer, iterator = agreement.checked(
+      lambda: _checked_inputs(plan, mesh, records, eval_records, resume_data))
+  config, policies, configs = plan.config, plan.policies, plan.configs
+  logging.info("mesh %s on %d devices", dict(mesh.shape), jax.device_count())
+  source = config.model.checkpoint_dir or f"a random {config.model.preset!r} preset"
+  models = {}
+  for i, name in enumerate(glm_image.COMPONENTS):
+    logging.info("loading %s from %s", name, source)
+    models[name] = glm_image.build(name, getattr(configs, name), mesh=mesh,
+                                   checkpoint_dir=config.model.checkpoint_dir, seed=config.seed + i)
+  states = {}
+  for name, policy in policies.items():
+    states[name] = state = build_state(policy, config, models[policy.component], mesh, train=train)
+    logging.info("policy %s: %d trained parameters (frozen: %d)", name, num_params(state.trainable),
+                 num_params(state.frozen))
+    # The run owns the trained parameters (the update donates them); the pipeline gets them per call.
+    models[policy.component] = (state.graphdef, None)
+  pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config), mesh=mesh)
+  distributed.barrier("models built")  # before the run's first collective (`distributed.barrier`)
+  return Run(plan, mesh, records, eval_records, iterator, composer, composers, pipeline, states)
+
+
+def _checked_draft(config, train: bool):
+  """(the plan's draft, training records, held-out records): the batch against the mesh, the prompt files read."""
   m = config.mesh
   try:
     mesh_shape = sharding_lib.mesh_shape(m.data, m.fsdp, m.tensor, jax.device_count())
@@ -194,9 +224,12 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
     raise UserError(f"config.mesh: {e}") from None
   draft = plan_lib.draft(config)
   plan_lib.check_batch(draft, mesh_shape)
-  records, eval_records = load_records(draft, train)
-  mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor)
-  plan = resolve_plan(draft, mesh)
+  return (draft, *load_records(draft, train))
+
+
+def _checked_inputs(plan, mesh, records, eval_records, resume_data):
+  """(each policy's reward composer, evaluation's, processor, glyph tokenizer, prompt iterator): the rewards built
+  (servers probed), every prompt checked against the tokenizers, the checkpoint's prompt order against the file."""
   config, policies, request = plan.config, plan.policies, plan.request
   composers = {}
   for name, policy in policies.items():
@@ -225,28 +258,10 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
       raise UserError(f"{config.data.prompts_file}: the checkpoint to resume was saved with other prompts or "
                       f"another config.seed ({e}); resume with the ones it trained on, or train in a new --workdir"
                       ) from None
-
   # What the models' shapes decide (which layers the LoRA targets match) is checked on abstract models, by the
   # run's own builder, before any weight is made or read.
   for policy in policies.values():
     if policy.settings.lora.enabled:
       abstract = glm_image.abstract_model(policy.component, getattr(configs, policy.component))
       build_state(policy, config, abstract, mesh, abstract=True, train=False)
-  logging.info("mesh %s on %d devices", dict(mesh.shape), jax.device_count())
-  source = config.model.checkpoint_dir or f"a random {config.model.preset!r} preset"
-  models = {}
-  distributed.barrier("inputs checked")  # a checkpoint's reads may be collective
-  for i, name in enumerate(glm_image.COMPONENTS):
-    logging.info("loading %s from %s", name, source)
-    models[name] = glm_image.build(name, getattr(configs, name), mesh=mesh,
-                                   checkpoint_dir=config.model.checkpoint_dir, seed=config.seed + i)
-  states = {}
-  for name, policy in policies.items():
-    states[name] = state = build_state(policy, config, models[policy.component], mesh, train=train)
-    logging.info("policy %s: %d trained parameters (frozen: %d)", name, num_params(state.trainable),
-                 num_params(state.frozen))
-    # The run owns the trained parameters (the update donates them); the pipeline gets them per call.
-    models[policy.component] = (state.graphdef, None)
-  pipeline = GlmImagePipeline(configs, models, processor, glyph_tokenizer, pipeline_spec(config), mesh=mesh)
-  distributed.barrier("models built")  # before the run's first collective (`distributed.barrier`)
-  return Run(plan, mesh, records, eval_records, iterator, composer, composers, pipeline, states)
+  return composers, composer, processor, glyph_tokenizer, iterator

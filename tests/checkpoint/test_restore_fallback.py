@@ -116,10 +116,10 @@ def test_generate_reads_the_newest_step_that_restores_and_changes_nothing(traine
   run = setup.build(config())
   like = run.states["ar"].checkpoint_params()
   with caplog.at_level(logging.WARNING):
-    params, step = checkpoint_manager.restore_trained_params(str(workdir), like)
-  assert step == 1 and params is not None
+    params, step = checkpoint_manager.restore_trained_params(str(workdir), {"params": like})
+  assert step == 1 and params["params"] is not None
   assert any("checkpoint step 2" in r.getMessage() and "does not restore" in r.getMessage() for r in caplog.records)
   assert files(workdir) == before
   truncate_largest_params_file(workdir / "checkpoints" / "1")
   with pytest.raises(CheckpointError, match=r"no checkpoint in .* restores: step 2: .*; step 1: "):
-    checkpoint_manager.restore_trained_params(str(workdir), like)
+    checkpoint_manager.restore_trained_params(str(workdir), {"params": like})

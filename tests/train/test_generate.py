@@ -87,6 +87,6 @@ def test_uses_the_checkpoint_parameters(generated):
 
 
 def test_no_checkpoint_means_initial_model(tmp_path):
-  assert checkpoint_manager.restore_trained_params(str(tmp_path), None) == (None, None)
+  assert checkpoint_manager.restore_trained_params(str(tmp_path), {}) == (None, None)
   (tmp_path / "checkpoints").mkdir()
-  assert checkpoint_manager.restore_trained_params(str(tmp_path), None) == (None, None)
+  assert checkpoint_manager.restore_trained_params(str(tmp_path), {}) == (None, None)

@@ -1,0 +1,182 @@
+"""The other processes of a run, watched from each one (two daemon threads, started once jax.distributed runs).
+
+- A peer that exits at once on a signal (nothing to save yet: setup, a compile, --mode=eval or generate) says so
+  first (`announce_exit`); every other process then exits too, with the same status and one line naming it, instead
+  of waiting for it at the next collective.
+- A peer that is lost (killed, out of memory, its host gone) stops sending the coordination service its heartbeats;
+  after `--distributed_heartbeat_timeout` seconds the service (recoverable, glmrl.distributed) counts it lost, and
+  every surviving process ends with one line naming it and the run's last complete checkpoint, exit status 1, instead
+  of a collective's traceback, the coordination service's errors and XLA's abort. A lost process 0 takes the
+  coordination service with it: XLA ends the others within seconds with its own message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import jax
+
+from glmrl import quiet_stderr
+
+EXIT_KEY = "glmrl/exit"
+LEFT_KEY = "glmrl/left"
+POLL_S = 1.0  # how often each process asks the coordination service which processes are alive
+ACK_WAIT_S = 5.0  # how long a process exiting on a signal waits for the others to have seen its notice
+LOST_STATUS = 1
+
+LEAVE_WAIT_S = 30
+
+_watching = threading.Event()
+_threads = []
+_workdir = None
+
+
+def _client():
+  from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+
+  return jax_distributed.global_state.client
+
+
+def watch(workdir: str, on_peer_exit) -> None:
+  """Starts watching the other processes (nothing in a single process). `on_peer_exit(notice)`: what this process
+  does when a peer exits at once on a signal (notice: {"process", "signal", "what"}); it does not return."""
+  global _workdir
+  if jax.process_count() == 1 or _watching.is_set():
+    return
+  _workdir = workdir
+  _watching.set()
+  _threads[:] = [threading.Thread(target=_watch_exits, args=(on_peer_exit,), name="peer-exits", daemon=True),
+                 threading.Thread(target=_watch_liveness, name="peer-liveness", daemon=True)]
+  for thread in _threads:
+    thread.start()
+
+
+def watching() -> bool:
+  """Whether this process watches peers (a multi-process run, from `watch` until `leave`)."""
+  return _watching.is_set()
+
+
+def leave() -> None:
+  """This process is leaving the coordination service in order: the others do not count it lost. Process 0 (the
+  service's host) returns once every other process has left (LEAVE_WAIT_S at most); the service, taken down before
+  a process has left, would end that process inside XLA, with its stack."""
+  if not _watching.is_set():
+    return
+  _watching.clear()
+  try:
+    _client().key_value_set(f"{LEFT_KEY}/{jax.process_index()}", "1")
+  except Exception:  # pylint: disable=broad-except  # the service is gone: nobody is left to tell
+    return
+  # Joined before the client shuts down: a thread still inside one of its calls would be ended inside C++ when the
+  # interpreter exits (an abort). Each call returns within POLL_S, or once every process asked (get_live_nodes).
+  for thread in _threads:
+    thread.join(LEAVE_WAIT_S)
+
+
+def _left(client, process: int) -> bool:
+  """Whether `process` left the run in order (`leave`)."""
+  try:
+    return bool(client.key_value_try_get(f"{LEFT_KEY}/{process}"))
+  except Exception:  # pylint: disable=broad-except  # no such key (or no service)
+    return False
+
+
+def announce_exit(notice: dict) -> None:
+  """Tells the other processes that this one exits now and waits until each has seen it (ACK_WAIT_S at most).
+  `notice`: {"signal": its name, "what": why nothing is saved} or {"error": the one line it ends with, "status"}."""
+  if not _watching.is_set():
+    return
+  client, me = _client(), jax.process_index()
+  try:
+    client.key_value_set(EXIT_KEY, json.dumps({"process": me, **notice}))
+  except Exception:  # pylint: disable=broad-except  # another process announced first; it waits for this one's ack
+    _acknowledge(client)
+    return
+  deadline = time.monotonic() + ACK_WAIT_S
+  for i in range(jax.process_count()):
+    left_ms = int((deadline - time.monotonic()) * 1000)
+    if i == me or left_ms <= 0:
+      continue
+    try:
+      client.blocking_key_value_get(f"{EXIT_KEY}/ack/{i}", left_ms)
+    except Exception:  # pylint: disable=broad-except  # that process is gone or exits by itself
+      pass
+
+
+def _acknowledge(client) -> None:
+  try:
+    client.key_value_set(f"{EXIT_KEY}/ack/{jax.process_index()}", "1")
+  except Exception:  # pylint: disable=broad-except  # the announcing process 0 is gone already
+    pass
+
+
+def _watch_exits(on_peer_exit) -> None:
+  client, me = _client(), jax.process_index()
+  while _watching.is_set():
+    try:
+      notice = json.loads(client.blocking_key_value_get(EXIT_KEY, int(POLL_S * 1000)))
+    except Exception:  # pylint: disable=broad-except  # no notice yet, or the service is going away
+      continue
+    if notice.get("process") == me:
+      return
+    _acknowledge(client)
+    on_peer_exit(notice)
+    return
+
+
+def _watch_liveness() -> None:
+  """Asks the coordination service which processes are alive, every POLL_S: a question every live process asks
+  together (the service answers once each has), so that only this thread asks it."""
+  client, n, me = _client(), jax.process_count(), jax.process_index()
+  while True:
+    time.sleep(POLL_S)
+    try:
+      live = client.get_live_nodes(list(range(n)))
+    except Exception:  # pylint: disable=broad-except  # the coordination service (process 0) is gone
+      if not _watching.is_set():
+        return
+      live = {i: 0 for i in range(n) if i != 0}
+    gone = set(range(n)) - set(live)
+    if not _watching.is_set():  # leaving: process 0 waits for the others to be gone
+      if me != 0 or gone >= set(range(1, n)):
+        return
+      continue
+    if me not in live and 0 in live:  # an answer without this process: asked again
+      continue
+    lost = [i for i in sorted(gone) if not _left(client, i)]
+    if lost and _watching.is_set():
+      _end(lost)
+
+
+def lost_line(me: int, lost: list[int], heartbeat_s: int | None, workdir: str | None) -> str:
+  """The one line a surviving process ends with."""
+  from glmrl.checkpoint.manager import last_complete  # pylint: disable=import-outside-toplevel
+
+  who = f"process {lost[0]}" if len(lost) == 1 else f"processes {', '.join(map(str, lost))}"
+  why = "sent no heartbeat" + (f" for {heartbeat_s} s" if heartbeat_s else "")
+  if lost == [0]:
+    why = "took the coordination service with it"
+  saved = last_complete(workdir) if workdir else None
+  where = (f"the last complete checkpoint is step {saved[0]} ({saved[1]})" if saved
+           else "no checkpoint of this run is complete")
+  return (f"error: process {me}: {who} of the run is lost ({why}: killed, out of memory, or its host is gone); "
+          f"{where}: start every process again to resume")
+
+
+def _end(lost: list[int]) -> None:
+  from glmrl import distributed  # pylint: disable=import-outside-toplevel
+
+  line = lost_line(jax.process_index(), lost, distributed.heartbeat_timeout(), _workdir)
+  os.write(quiet_stderr.console_fd(), (line + "\n").encode())
+  os._exit(LOST_STATUS)  # pylint: disable=protected-access  (the main thread may wait inside a collective for ever)
+
+
+def wait_for_loss(timeout_s: float) -> None:
+  """Returns after `timeout_s` unless a lost peer ends this process first: what a process does with an error raised
+  by a collective (a peer's connection reset) before it reports the error as its own."""
+  deadline = time.monotonic() + timeout_s
+  while _watching.is_set() and time.monotonic() < deadline:
+    time.sleep(POLL_S / 4)
