@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 
 import jax
 from absl import logging
@@ -248,11 +249,20 @@ def finished() -> None:
 
 def leave() -> None:
   """This process leaves the coordination service, once every process has its run's outcome (finished, or refused
-  together): the others first, process 0 (the service's host) once they have (`peers.leave`). At exit jax tears
-  down its backends first and shuts down after, so a process slow or dying in that teardown would hold the others."""
+  together): the others first, process 0 (the service's host) once they have left. The service, taken down before a
+  process has left, ends that process inside XLA, with its stack; at exit jax tears down its backends first and
+  shuts down after, so a process slow or dying in that teardown would hold the others."""
   if jax.process_count() == 1 or _client() is None:
     return
   peers.leave()
+  if is_main():
+    client, others = _client(), set(range(1, jax.process_count()))
+    deadline = time.monotonic() + peers.LEAVE_WAIT_S
+    # The service answers once every live process has asked, or left: the others do not ask, they leave.
+    while time.monotonic() < deadline:
+      try:
+        if not others & set(client.get_live_nodes(list(range(jax.process_count())))):
+          break
+      except Exception:  # pylint: disable=broad-except  # nothing to wait for
+        break
   jax.distributed.shutdown()
-
-

@@ -27,7 +27,7 @@ POLL_S = 1.0  # how often each process asks the coordination service which proce
 ACK_WAIT_S = 5.0  # how long a process exiting on a signal waits for the others to have seen its notice
 LOST_STATUS = 1
 
-LEAVE_WAIT_S = 30
+LEAVE_WAIT_S = 30  # the longest a process waits for another to leave
 
 _watching = threading.Event()
 _threads = []
@@ -60,9 +60,10 @@ def watching() -> bool:
 
 
 def leave() -> None:
-  """This process is leaving the coordination service in order: the others do not count it lost. Process 0 (the
-  service's host) returns once every other process has left (LEAVE_WAIT_S at most); the service, taken down before
-  a process has left, would end that process inside XLA, with its stack."""
+  """This process is leaving the coordination service in order: the others do not count it lost, and its watching
+  threads have returned (a thread still inside a call of the coordination client would be ended inside C++ when
+  the interpreter exits: an abort). Each of their calls returns within POLL_S, or once every live process asked
+  (get_live_nodes) or left."""
   if not _watching.is_set():
     return
   _watching.clear()
@@ -70,8 +71,6 @@ def leave() -> None:
     _client().key_value_set(f"{LEFT_KEY}/{jax.process_index()}", "1")
   except Exception:  # pylint: disable=broad-except  # the service is gone: nobody is left to tell
     return
-  # Joined before the client shuts down: a thread still inside one of its calls would be ended inside C++ when the
-  # interpreter exits (an abort). Each call returns within POLL_S, or once every process asked (get_live_nodes).
   for thread in _threads:
     thread.join(LEAVE_WAIT_S)
 
@@ -139,11 +138,9 @@ def _watch_liveness() -> None:
       if not _watching.is_set():
         return
       live = {i: 0 for i in range(n) if i != 0}
+    if not _watching.is_set():  # leaving (`leave`)
+      return
     gone = set(range(n)) - set(live)
-    if not _watching.is_set():  # leaving: process 0 waits for the others to be gone
-      if me != 0 or gone >= set(range(1, n)):
-        return
-      continue
     if me not in live and 0 in live:  # an answer without this process: asked again
       continue
     lost = [i for i in sorted(gone) if not _left(client, i)]

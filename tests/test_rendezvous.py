@@ -13,7 +13,8 @@ from glmrl import rendezvous
 from glmrl.errors import UserError
 from tests.train.processes import free_port
 
-FACTS = {"mode": "train", "workdir": "/w", "code": "c0de", "config": {"train.num_steps": "3", "seed": "0"}}
+FACTS = {"mode": "train", "workdir": "/w", "code": "c0de", "versions": {"jax": "0.10.2"}, "use_ema": False,
+         "config": {"train.num_steps": "3", "seed": "0"}}
 
 
 def _meet_all(launches: list[dict], timeout_s: float = 20.0) -> list[str | None]:
@@ -73,9 +74,13 @@ def test_process_0_that_never_starts_is_one_line_in_the_others():
     ({"facts": {**FACTS, "config": {"train.num_steps": "4", "seed": "0"}}},
      "process 1 has config.train.num_steps=4 and process 0 config.train.num_steps=3: start every process with the "
      "same --config and flags"),
-    ({"facts": {**FACTS, "code": "beef"}}, "process 1 runs other glmrl code than process 0 (source digest beef vs "
-                                           "c0de)"),
-], ids=["num_processes", "mode", "workdir", "config", "code"])
+    ({"facts": {**FACTS, "code": "beef"}}, "process 1 runs other glmrl code than process 0 (source digest of main.py, "
+                                           "glmrl/ and configs/ beef vs c0de)"),
+    ({"facts": {**FACTS, "versions": {"jax": "0.10.1"}}}, "process 1 has jax==0.10.1 and process 0 jax==0.10.2: "
+                                                          "install the same versions on every host"),
+    ({"facts": {**FACTS, "use_ema": True}}, "process 1 was started with --use_ema=True and process 0 with "
+                                            "--use_ema=False"),
+], ids=["num_processes", "mode", "workdir", "config", "code", "versions", "use_ema"])
 def test_a_process_that_disagrees_is_refused_in_every_process(peer, message):
   got = _meet_all([{"process_id": 0, "num_processes": 2}, {"process_id": 1, "num_processes": 2, **peer}])
   assert got[0].startswith(message), got
@@ -153,7 +158,10 @@ def test_the_code_digest_follows_the_sources(tmp_path):
   assert rendezvous.code_digest(str(tmp_path)) == first and len(first) == 16
   (tmp_path / "glmrl" / "policy" / "notes.txt").write_text("not code")
   assert rendezvous.code_digest(str(tmp_path)) == first
-  for path in (tmp_path / "glmrl" / "policy" / "ar.py", tmp_path / "configs" / "demo.py"):
+  (tmp_path / "main.py").write_text("z = 1\n")
+  assert rendezvous.code_digest(str(tmp_path)) != first
+  first = rendezvous.code_digest(str(tmp_path))
+  for path in (tmp_path / "glmrl" / "policy" / "ar.py", tmp_path / "configs" / "demo.py", tmp_path / "main.py"):
     path.write_text("x = 2\n")
     assert rendezvous.code_digest(str(tmp_path)) != first
     first = rendezvous.code_digest(str(tmp_path))
