@@ -299,7 +299,10 @@ def main(argv):
         # A collective's error in a multi-process run is most often a peer gone: its line (glmrl.peers) rather
         # than this traceback, once the coordination service has counted it lost. Else this process's own error,
         # with its traceback, and the others end with it.
-        peers.wait_for_loss(_HEARTBEAT_TIMEOUT.value + 5 * peers.POLL_S)
+        import jax  # pylint: disable=import-outside-toplevel  (imported by glmrl, after its settings)
+
+        if isinstance(e, jax.errors.JaxRuntimeError):
+          peers.wait_for_loss(_HEARTBEAT_TIMEOUT.value + 5 * peers.POLL_S)
         traceback.print_exc()
         first = (str(e).strip().splitlines() or [""])[0][:300]
         _end_run(f"failed with {type(e).__name__}: {first} (its traceback is in its output)", 1)

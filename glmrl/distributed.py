@@ -9,7 +9,8 @@ the processes talk over gloo (loopback on one machine) and run one program at a 
 Every process runs the same program on the same host data (the prompt iterator and PRNG keys are
 deterministic), places its own devices' shards of each batch (`sharding.put`), computes host-side
 rewards for its own samples, and writes its shards of each checkpoint; process 0 alone writes
-metrics, images and the run's JSON records.
+metrics, images and the run's JSON records. What they decide together (a refusal, the step to stop at, the step
+restored) is `glmrl.agreement`'s; how each watches the others (a peer's exit, a lost process), `glmrl.peers`'.
 """
 
 from __future__ import annotations

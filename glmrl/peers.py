@@ -42,7 +42,7 @@ def _client():
 
 def watch(workdir: str, on_peer_exit) -> None:
   """Starts watching the other processes (nothing in a single process). `on_peer_exit(notice)`: what this process
-  does when a peer exits at once on a signal (notice: {"process", "signal", "what"}); it does not return."""
+  does when a peer exits at once (`announce_exit`'s notice, with the peer's "process"); it does not return."""
   global _workdir
   if jax.process_count() == 1 or _watching.is_set():
     return
@@ -118,6 +118,7 @@ def _watch_exits(on_peer_exit) -> None:
     try:
       notice = json.loads(client.blocking_key_value_get(EXIT_KEY, int(POLL_S * 1000)))
     except Exception:  # pylint: disable=broad-except  # no notice yet, or the service is going away
+      time.sleep(0.05)  # an error without the wait: not a busy loop
       continue
     if notice.get("process") == me:
       return
@@ -148,14 +149,14 @@ def _watch_liveness() -> None:
       _end(lost)
 
 
-def lost_line(me: int, lost: list[int], heartbeat_s: int | None, workdir: str | None) -> str:
+def _lost_line(me: int, lost: list[int], heartbeat_s: int | None, workdir: str | None) -> str:
   """The one line a surviving process ends with."""
   from glmrl.checkpoint.manager import last_complete  # pylint: disable=import-outside-toplevel
 
   who = f"process {lost[0]}" if len(lost) == 1 else f"processes {', '.join(map(str, lost))}"
   why = "sent no heartbeat" + (f" for {heartbeat_s} s" if heartbeat_s else "")
   if lost == [0]:
-    why = "took the coordination service with it"
+    why = "its coordination service stopped answering"
   saved = last_complete(workdir) if workdir else None
   where = (f"the last complete checkpoint is step {saved[0]} ({saved[1]})" if saved
            else "no checkpoint of this run is complete")
@@ -166,7 +167,7 @@ def lost_line(me: int, lost: list[int], heartbeat_s: int | None, workdir: str | 
 def _end(lost: list[int]) -> None:
   from glmrl import distributed  # pylint: disable=import-outside-toplevel
 
-  line = lost_line(jax.process_index(), lost, distributed.heartbeat_timeout(), _workdir)
+  line = _lost_line(jax.process_index(), lost, distributed.heartbeat_timeout(), _workdir)
   os.write(quiet_stderr.console_fd(), (line + "\n").encode())
   os._exit(LOST_STATUS)  # pylint: disable=protected-access  (the main thread may wait inside a collective for ever)
 

@@ -63,7 +63,7 @@ class Trainer:
     self.hacking = monitors.HackingWatch(prefixes, config.eval.hacking_patience)
     self._compiled = {}
     self._restore()
-    self.checkpointer.check_space(self._saved_items())
+    agreement.checked(lambda: self.checkpointer.check_space(self._saved_items()))  # each process's own disk
 
   # ------------------------------------------------------------- checkpoints
   def _saved_items(self) -> dict:
@@ -219,7 +219,8 @@ def train(config, workdir: str) -> dict:
   num_steps = config.train.num_steps
   saved = saved_steps(workdir)
   # Only a step that reads is a finished run; an incomplete newer one is set aside by the restore.
-  if newest_is_complete(os.path.join(workdir, "checkpoints"), saved) and saved[-1] >= num_steps:
+  if agreement.checked(lambda: newest_is_complete(os.path.join(workdir, "checkpoints"), saved)) and \
+      saved[-1] >= num_steps:
     logging.info("already complete: %s holds step %d of %d; raise --config.train.num_steps to train further",
                  os.path.join(workdir, "checkpoints"), saved[-1], num_steps)
     return {"step": saved[-1], "last": {}, "stopped_by": None}
@@ -250,7 +251,8 @@ def _train(config, workdir: str, stop: StopSignal) -> dict:
     while trainer.step_index < num_steps:
       last = trainer.step()
       stop.work_in_progress()  # a finished step: a signal now saves it before exiting
-      console(progress.line(trainer.step_index, last), progress.alive(jax.process_index(), trainer.step_index, last))
+      console(progress.line(trainer.step_index, last),
+              progress.alive(jax.process_index(), trainer.step_index, last))
       # Every process stops after the same step: the one whose signal any of them had by now.
       stopping = agreement.stop_signal(stop.received)
       trainer.save()
