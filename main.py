@@ -84,24 +84,31 @@ def _fail(message: str):
   raise SystemExit(2)
 
 
-def _config_path(argv) -> str | None:
-  """The --config file named on the command line (without its :arg), or None for the default."""
+def _config_value(argv) -> str | None:
+  """The --config value of the command line (path[:arg]), or None for the default."""
   for i, a in enumerate(argv):
     if a.startswith("--config="):
-      value = a.split("=", 1)[1]
-    elif a == "--config" and i + 1 < len(argv):
-      value = argv[i + 1]
-    else:
-      continue
-    return value.split(":", 1)[0]
+      return a.split("=", 1)[1]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
   return None
 
 
+def _config_path(argv) -> str | None:
+  """The --config file named on the command line (without its :arg; a file whose name holds a colon whole), or None
+  for the default."""
+  value = _config_value(argv)
+  if value is None or os.path.isfile(value):
+    return value
+  return value.split(":", 1)[0]
+
+
 def _root_cause(error: BaseException) -> BaseException:
-  """The innermost exception of a chain (config_flags wraps a config file's own error twice)."""
+  """The innermost exception of a chain (config_flags wraps a config file's own error twice), as Python prints it:
+  `raise ... from None` ends it."""
   seen = {id(error)}
   while True:
-    nxt = error.__cause__ or error.__context__
+    nxt = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     if nxt is None or id(nxt) in seen:
       return error
     seen.add(id(nxt))
@@ -178,6 +185,9 @@ def _parse_flags(argv):
   if path is not None and not os.path.isfile(path):
     _fail(f"--config={path}: no such file" + (" (a folder)" if os.path.isdir(path) else ""))
   if config_files.is_data_file(path):
+    if _config_value(argv) != path:
+      _fail(f"--config={_config_value(argv)}: a YAML or JSON config takes no :argument (a file names the recipe it "
+            f"changes with its own `{config_files.BASE_KEY}:` key)")
     argv = _data_file_config(argv, path)
   try:
     try:
