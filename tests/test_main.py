@@ -101,6 +101,12 @@ def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_pat
     (("--config=configs/demo_decoder.py:awm", "--config.decoder.awm_weighting=uniform",
       "--config.decoder.awm_ghuber_power=0.5"),
      "config.decoder.awm_ghuber_power=0.5 does nothing in this run (config.decoder.awm_weighting='uniform')"),
+    (("--config=configs/demo_decoder.py:nft", "--config.decoder.high_noise_steps=7"),
+     "config.decoder.high_noise_steps=7 does nothing in this run (config.decoder.timestep_draw='uniform'): only "
+     "decoder.timestep_draw='high_noise' reads it; leave it at its default 0"),
+    (("--config=configs/demo_decoder.py:nft", "--config.decoder.stratified_fraction=0.5"),
+     "config.decoder.stratified_fraction=0.5 does nothing in this run (config.decoder.timestep_draw='uniform'): "
+     "only decoder.timestep_draw='stratified' reads it"),
     (("--config=configs/demo_decoder.py", "--config.decoder.ema.flat=75"),
      "config.decoder.ema.flat=75 does nothing in this run (config.decoder.ema.every=0): only a moving average "
      "(decoder.ema.every >= 1) reads it"),
@@ -111,7 +117,8 @@ def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_pat
                                            "(config.log.wandb=False): only W&B logging (log.wandb=True) reads it"),
     (("--config.eval.drift_lpips_dir=/tmp",), "config.eval.drift_lpips_dir='/tmp' does nothing in this run "
                                               "(--mode=train): only --mode=eval reads it"),
-], ids=["dgpo_beta", "nft_beta", "ghuber_power", "ema_flat", "tis_mode", "wandb_mode", "lpips_dir"])
+], ids=["dgpo_beta", "nft_beta", "ghuber_power", "high_noise_steps", "stratified_fraction", "ema_flat", "tis_mode",
+        "wandb_mode", "lpips_dir"])
 def test_a_setting_that_nothing_reads_is_refused_in_one_line(flags, message, tmp_path):
   """One rule for every section (glmrl/config_checks.py READ_WHEN); before, each of these passed silently."""
   config = () if any(f.startswith("--config=") for f in flags) else ("--config=configs/demo.py",)
