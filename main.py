@@ -279,7 +279,7 @@ def _end_run(line: str, status: int) -> None:
   peers.announce_exit({"error": line, "status": status})
   sys.stdout.flush()
   sys.stderr.flush()
-  os._exit(status)  # pylint: disable=protected-access  (its peer threads may be inside the coordination client)
+  peers.exit_process(status)  # at once: its peer threads may be inside the coordination client
 
 
 def main(argv):

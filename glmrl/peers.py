@@ -1,8 +1,8 @@
 """The other processes of a run, watched from each one (two daemon threads, started once jax.distributed runs).
 
-- A peer that exits at once on a signal (nothing to save yet: setup, a compile, --mode=eval or generate) says so
-  first (`announce_exit`); every other process then exits too, with the same status and one line naming it, instead
-  of waiting for it at the next collective.
+- A peer that exits at once on a signal (nothing to save yet: setup, a compile, --mode=eval or generate) or on an
+  error only it met says so first (`announce_exit`); every other process then exits too, with the same status and
+  one line naming it, instead of waiting for it at the next collective; process 0 ends last (`exit_process`).
 - A peer that is lost (killed, out of memory, its host gone) stops sending the coordination service its heartbeats;
   after `--distributed_heartbeat_timeout` seconds the service (recoverable, glmrl.distributed) counts it lost, and
   every surviving process ends with one line naming it and the run's last complete checkpoint, exit status 1, instead
@@ -24,7 +24,7 @@ from glmrl import quiet_stderr
 EXIT_KEY = "glmrl/exit"
 LEFT_KEY = "glmrl/left"
 POLL_S = 1.0  # how often each process asks the coordination service which processes are alive
-ACK_WAIT_S = 5.0  # how long a process exiting on a signal waits for the others to have seen its notice
+EXIT_WAIT_S = 10.0  # how long process 0, ending, waits for the others to end first
 LOST_STATUS = 1
 
 LEAVE_WAIT_S = 30  # the longest a process waits for another to leave
@@ -34,10 +34,14 @@ _threads = []
 _workdir = None
 
 
-def _client():
+def _state():
   from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
 
-  return jax_distributed.global_state.client
+  return jax_distributed.global_state
+
+
+def _client():
+  return _state().client
 
 
 def watch(workdir: str, on_peer_exit) -> None:
@@ -84,32 +88,40 @@ def _left(client, process: int) -> bool:
 
 
 def announce_exit(notice: dict) -> None:
-  """Tells the other processes that this one exits now and waits until each has seen it (ACK_WAIT_S at most).
-  `notice`: {"signal": its name, "what": why nothing is saved} or {"error": the one line it ends with, "status"}."""
+  """Tells the other processes that this one exits now (`exit_process` follows). `notice`: {"signal": its name,
+  "what": why nothing is saved} or {"error": the one line it ends with, "status"}. The first notice stands: a
+  process announcing after it exits by its own."""
   if not _watching.is_set():
     return
-  client, me = _client(), jax.process_index()
   try:
-    client.key_value_set(EXIT_KEY, json.dumps({"process": me, **notice}))
-  except Exception:  # pylint: disable=broad-except  # another process announced first; it waits for this one's ack
-    _acknowledge(client)
-    return
-  deadline = time.monotonic() + ACK_WAIT_S
-  for i in range(jax.process_count()):
-    left_ms = int((deadline - time.monotonic()) * 1000)
-    if i == me or left_ms <= 0:
-      continue
-    try:
-      client.blocking_key_value_get(f"{EXIT_KEY}/ack/{i}", left_ms)
-    except Exception:  # pylint: disable=broad-except  # that process is gone or exits by itself
-      pass
-
-
-def _acknowledge(client) -> None:
-  try:
-    client.key_value_set(f"{EXIT_KEY}/ack/{jax.process_index()}", "1")
-  except Exception:  # pylint: disable=broad-except  # the announcing process 0 is gone already
+    _client().key_value_set(EXIT_KEY, json.dumps({"process": _state().process_id, **notice}))
+  except Exception:  # pylint: disable=broad-except  # another process announced first
     pass
+
+
+def exit_process(status: int, lost: tuple = ()) -> None:
+  """Ends this process with `status`, process 0 (the coordination service's host) last: the service gone before
+  another process has ended ends that one inside XLA, with its stack. The others say they are ending; process 0
+  waits for each (but the `lost` ones) for EXIT_WAIT_S at most."""
+  client, me, n = _client(), _state().process_id, _state().num_processes  # no backend started for these
+  if client is not None and n > 1:
+    try:
+      if me != 0:
+        client.key_value_set(f"{EXIT_KEY}/done/{me}", "1")
+      else:
+        deadline = time.monotonic() + EXIT_WAIT_S
+        for i in range(1, n):
+          left_ms = int((deadline - time.monotonic()) * 1000)
+          if i in lost or left_ms <= 0:
+            continue
+          try:
+            client.blocking_key_value_get(f"{EXIT_KEY}/done/{i}", left_ms)
+          except Exception:  # pylint: disable=broad-except  # that process is gone already
+            pass
+        time.sleep(0.2)  # from its last call to its end
+    except Exception:  # pylint: disable=broad-except  # the service is gone: nothing to wait for
+      pass
+  os._exit(status)  # pylint: disable=protected-access  (the main thread may wait inside a collective for ever)
 
 
 def _watch_exits(on_peer_exit) -> None:
@@ -122,7 +134,6 @@ def _watch_exits(on_peer_exit) -> None:
       continue
     if notice.get("process") == me:
       return
-    _acknowledge(client)
     on_peer_exit(notice)
     return
 
@@ -169,7 +180,7 @@ def _end(lost: list[int]) -> None:
 
   line = _lost_line(jax.process_index(), lost, distributed.heartbeat_timeout(), _workdir)
   os.write(quiet_stderr.console_fd(), (line + "\n").encode())
-  os._exit(LOST_STATUS)  # pylint: disable=protected-access  (the main thread may wait inside a collective for ever)
+  exit_process(LOST_STATUS, tuple(lost))
 
 
 def wait_for_loss(timeout_s: float) -> None:

@@ -15,6 +15,7 @@ them stop after the same step, save it together and exit with the same status.
 
 import os
 import signal
+import sys
 import threading
 
 from absl import logging
@@ -65,7 +66,7 @@ class StopSignal:
         fn()
       except Exception as e:  # pylint: disable=broad-except  (exiting regardless)
         _say(f"while exiting: {e}")
-    os._exit(status)  # pylint: disable=protected-access  (no unwinding: the main thread may be in XLA)
+    _exit(status)
 
   @classmethod
   def peer_exited(cls, notice: dict) -> None:
@@ -76,11 +77,11 @@ class StopSignal:
       if cls._active:
         cls._active[-1]._exit_now(signum, peer=notice)  # pylint: disable=protected-access
       _say(f"{notice['signal']} received by process {notice['process']}: {notice['what']}; exiting")
-      os._exit(128 + signum)  # pylint: disable=protected-access
+      _exit(128 + signum)
     _say(f"error: process {notice['process']}: {notice['error']}")
     if cls._active:
       cls._active[-1]._end(notice.get("status", 2))  # pylint: disable=protected-access
-    os._exit(notice.get("status", 2))  # pylint: disable=protected-access
+    _exit(notice.get("status", 2))
 
   def _watch(self, read_fd: int) -> None:
     try:
@@ -129,3 +130,13 @@ class StopSignal:
 def _say(line: str) -> None:
   """A line on the console's stderr, also while a library's output is held back (glmrl.quiet_stderr)."""
   os.write(quiet_stderr.console_fd(), (line + "\n").encode())
+
+
+def _exit(status: int) -> None:
+  """Ends the process at once (no unwinding: the main thread may be inside XLA); with several processes, process 0
+  last (glmrl.peers)."""
+  if "jax" in sys.modules:
+    from glmrl import peers  # pylint: disable=import-outside-toplevel
+
+    peers.exit_process(status)
+  os._exit(status)  # pylint: disable=protected-access
