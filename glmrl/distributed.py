@@ -66,7 +66,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   service runs recoverable: a lost process is marked so after `heartbeat_timeout_s` instead of aborting every
   other one inside XLA, and `glmrl.peers` ends them with one line."""
   explicit = (coordinator_address, num_processes, process_id)
-  if any(v is not None for v in explicit):
+  launched = any(v is not None for v in explicit)  # by the flags; else detected from the environment
+  if launched:
     if any(v is None for v in explicit):
       raise UserError("--coordinator_address, --num_processes and --process_id go together "
                       f"(got {coordinator_address!r}, {num_processes!r}, {process_id!r})")
@@ -81,7 +82,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   jax.config.update("jax_enable_preemption_service", False)
   jax.config.update("jax_enable_recoverability", True)
   facts = {**rendezvous.launch_facts(), **(facts or {})}
-  if any(v is not None for v in explicit):
+  if launched:
     rendezvous.meet(coordinator_address, num_processes, process_id, timeout_s, facts)
     kwargs = dict(coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id)
   else:
@@ -89,7 +90,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   with quiet_stderr.without(_RECOVERABLE_NOTICE):
     jax.distributed.initialize(**kwargs, initialization_timeout=timeout_s, heartbeat_timeout_seconds=heartbeat_timeout_s)
   _heartbeat_s[0] = heartbeat_timeout_s
-  if not any(v is not None for v in explicit):
+  if not launched:
     from glmrl import agreement  # pylint: disable=import-outside-toplevel  (it imports this module)
 
     agreement.same_facts(facts)

@@ -54,30 +54,7 @@ def test_a_runs_config_json_gives_the_run_back(tmp_path):
                                                             "(did you mean config.sampling.top_p?)"),
     ("g.yaml", "- 1\n- 2\n", "g.yaml:1: expected a mapping of config keys"),
     ("h.yaml", "rewards: brightness\n", "h.yaml:1: config.rewards: must be a list of reward entries"),
-])
-def test_each_mistake_is_one_line_at_its_line(name, text, message, tmp_path):
-  path = tmp_path / name
-  path.write_text(text)
-  with pytest.raises(UserError) as e:
-    config_files.layered(str(path))
-  assert str(e.value).startswith(f"{tmp_path}/{message}")
-
-
-def test_main_takes_a_yaml_config_and_its_flags(tmp_path):
-  """Through main.py's `__main__`: the file's mistake in one line before any work; a good file with a flag that
-  breaks a rule between keys is checked as any config is (the file loaded, the flag applied on it)."""
-  bad = tmp_path / "bad.yaml"
-  bad.write_text("train:\n  num_stepz: 3\n")
-  result = main_in_process(f"--config={bad}", tmp_path=tmp_path / "w1")
-  assert_one_line_error(result, f"{bad}:2: config.train.num_stepz is not a config key")
-  good = tmp_path / "good.yaml"
-  good.write_text("model: {preset: tiny}\ndata: {prompts_file: configs/data/demo_prompts.txt}\n")
-  result = main_in_process(f"--config={good}", "--config.grpo.group_size=1", tmp_path=tmp_path / "w2")
-  assert_one_line_error(result, "config.grpo.group_size=1: must be at least 2")
-  assert not (tmp_path / "w1").exists() and not (tmp_path / "w2").exists()
-
-
-@pytest.mark.parametrize("name,text,message", [
+    # Read faithfully: a key given twice (in any spelling), null, YAML 1.1's booleans, aliases, the base recipe.
     ("twice.yaml", "train:\n  num_steps: 3\nseed: 1\ntrain:\n  num_steps: 4\n",
      "twice.yaml:4: train is given twice, at lines 1 and 4: keep one"),
     ("spellings.yaml", "train.num_steps: 5\ntrain: {num_steps: 7}\n",
@@ -95,12 +72,26 @@ def test_main_takes_a_yaml_config_and_its_flags(tmp_path):
      "bomb.yaml:1: the file expands to more than 100000 values (aliases of aliases?)"),
     ("base.yaml", "base: configs/nothing.py\n", "base.yaml:1: base='configs/nothing.py': no such config file"),
 ])
-def test_a_file_is_read_faithfully_or_refused_at_its_line(name, text, message, tmp_path):
+def test_each_mistake_is_one_line_at_its_line(name, text, message, tmp_path):
   path = tmp_path / name
   path.write_text(text)
   with pytest.raises(UserError) as e:
     config_files.layered(str(path))
   assert str(e.value).startswith(f"{tmp_path}/{message}"), str(e.value)
+
+
+def test_main_takes_a_yaml_config_and_its_flags(tmp_path):
+  """Through main.py's `__main__`: the file's mistake in one line before any work; a good file with a flag that
+  breaks a rule between keys is checked as any config is (the file loaded, the flag applied on it)."""
+  bad = tmp_path / "bad.yaml"
+  bad.write_text("train:\n  num_stepz: 3\n")
+  result = main_in_process(f"--config={bad}", tmp_path=tmp_path / "w1")
+  assert_one_line_error(result, f"{bad}:2: config.train.num_stepz is not a config key")
+  good = tmp_path / "good.yaml"
+  good.write_text("model: {preset: tiny}\ndata: {prompts_file: configs/data/demo_prompts.txt}\n")
+  result = main_in_process(f"--config={good}", "--config.grpo.group_size=1", tmp_path=tmp_path / "w2")
+  assert_one_line_error(result, "config.grpo.group_size=1: must be at least 2")
+  assert not (tmp_path / "w1").exists() and not (tmp_path / "w2").exists()
 
 
 def test_yaml_1_2_numbers_json_with_tabs_and_a_byte_order_mark_merge_keys_and_a_base_recipe(tmp_path):
