@@ -141,7 +141,7 @@ def _watch_exits(on_peer_exit) -> None:
 def _watch_liveness() -> None:
   """Asks the coordination service which processes are alive, every POLL_S: a question every live process asks
   together (the service answers once each has), so that only this thread asks it."""
-  client, n, me = _client(), jax.process_count(), jax.process_index()
+  client, n = _client(), jax.process_count()
   while True:
     time.sleep(POLL_S)
     try:
@@ -152,25 +152,30 @@ def _watch_liveness() -> None:
       live = {i: 0 for i in range(n) if i != 0}
     if not _watching.is_set():  # leaving (`leave`)
       return
-    gone = set(range(n)) - set(live)
-    if me not in live and 0 in live:  # an answer without this process: asked again
-      continue
+    gone = set(range(n)) - set(live)  # this process too when the service counted it lost (`_lost_line`)
     lost = [i for i in sorted(gone) if not _left(client, i)]
     if lost and _watching.is_set():
       _end(lost)
 
 
 def _lost_line(me: int, lost: list[int], heartbeat_s: int | None, workdir: str | None) -> str:
-  """The one line a surviving process ends with."""
+  """The one line a surviving process ends with. The service counting this very process lost (alive, as it
+  writes this) means heartbeats came late, not a process gone: a host too busy to send them within the timeout
+  (both of a heartbeat's chances: JAX sends one every half timeout)."""
   from glmrl.checkpoint.manager import last_complete  # pylint: disable=import-outside-toplevel
 
   who = f"process {lost[0]}" if len(lost) == 1 else f"processes {', '.join(map(str, lost))}"
   why = "sent no heartbeat" + (f" for {heartbeat_s} s" if heartbeat_s else "")
-  if lost == [0]:
-    why = "its coordination service stopped answering"
   saved = last_complete(workdir) if workdir else None
   where = (f"the last complete checkpoint is step {saved[0]} ({saved[1]})" if saved
            else "no checkpoint of this run is complete")
+  if me in lost:
+    now = f" (now {heartbeat_s} s)" if heartbeat_s else ""
+    return (f"error: process {me}: the coordination service counted {who} lost ({why}), this live one included: "
+            f"their heartbeats came late, a host too busy to send them; raise --distributed_heartbeat_timeout{now}; "
+            f"{where}: start every process again to resume")
+  if lost == [0]:
+    why = "its coordination service stopped answering"
   return (f"error: process {me}: {who} of the run is lost ({why}: killed, out of memory, or its host is gone); "
           f"{where}: start every process again to resume")
 
