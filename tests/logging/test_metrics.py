@@ -14,7 +14,7 @@ from tests.logging.tfrecords import read_events
 
 
 def _tb_events(workdir):
-  """The event protos of the run's event files (tensorboardX's protos; every record's checksums verified)."""
+  """The event protos of the run's event files (TensorBoard's own reader: every record's checksums verified)."""
   return [e for path in glob.glob(os.path.join(workdir, "events.out.tfevents.*")) for e in read_events(path)]
 
 

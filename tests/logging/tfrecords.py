@@ -1,24 +1,17 @@
-"""TensorBoard event files read back with tensorboardX's protos and checksums (an implementation independent of
-glmrl.logging.event_file's)."""
+"""TensorBoard event files read back by TensorBoard's own reader (the `tensorboard` package's record reader, which
+TensorBoard reads with where TensorFlow is not installed: each record's two masked CRC32Cs checked, a torn record
+refused; and its `Event` proto), not by the library that writes them (tensorboardX)."""
 
-import struct
-
-from tensorboardX.proto import event_pb2
-from tensorboardX.record_writer import masked_crc32c
+from tensorboard.compat import tf
+from tensorboard.compat.proto import event_pb2
 
 
 def read_events(path) -> list:
-  """Every `Event` of a TFRecord file, each record's two masked CRC32Cs checked."""
-  data = open(path, "rb").read()
-  events, pos = [], 0
-  while pos < len(data):
-    header = data[pos:pos + 8]
-    (length,) = struct.unpack("<Q", header)
-    (header_crc,) = struct.unpack("<I", data[pos + 8:pos + 12])
-    payload = data[pos + 12:pos + 12 + length]
-    (payload_crc,) = struct.unpack("<I", data[pos + 12 + length:pos + 16 + length])
-    assert header_crc == masked_crc32c(header) and payload_crc == masked_crc32c(payload), (path, pos)
-    events.append(event_pb2.Event.FromString(payload))
-    pos += 16 + length
-  assert pos == len(data), (path, pos, len(data))
-  return events
+  """Every `Event` of a TFRecord file; a bad checksum or a torn record raises (DataLossError)."""
+  reader, events = tf.pywrap_tensorflow.PyRecordReader_New(filename=str(path)), []
+  while True:
+    try:
+      reader.GetNext()
+    except tf.errors.OutOfRangeError:  # the end of the file, at a record's boundary
+      return events
+    events.append(event_pb2.Event.FromString(reader.record()))
