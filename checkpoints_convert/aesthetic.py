@@ -19,7 +19,7 @@ from checkpoints_convert.rules import KeyMap
 from checkpoints_convert.torch_files import read_state_dict
 from glmrl.checkpoint.params import flatten
 from glmrl import errors
-from glmrl.errors import run_command
+from glmrl.errors import UserError, run_command
 from glmrl.models.clip.aesthetic import AestheticConfig, AestheticHead
 from glmrl.models.init_rngs import InitRngs
 
@@ -28,11 +28,11 @@ def config_from_state(state: dict[str, np.ndarray], where: str) -> AestheticConf
   keys = [f"layers.{i}.weight" for i in AESTHETIC_TORCH_LINEARS]
   missing = [k for k in keys if k not in state]
   if missing:
-    raise ValueError(f"{where}: not the aesthetic predictor's state_dict, missing {missing}; has {sorted(state)}")
+    raise UserError(f"{where}: not the aesthetic predictor's state_dict, missing {missing}; has {sorted(state)}")
   bad = [f"{k} {list(state[k].shape)}" for k in keys if state[k].ndim != 2]
   if bad or state[keys[-1]].shape[0] != 1:
-    raise ValueError(f"{where}: expected 2-D Linear weights ending in one output, got "
-                     f"{[list(state[k].shape) for k in keys]}")
+    raise UserError(f"{where}: expected 2-D Linear weights ending in one output, got "
+                    f"{[list(state[k].shape) for k in keys]}")
   return AestheticConfig(embed_dim=int(state[keys[0]].shape[1]),
                          hidden=tuple(int(state[k].shape[0]) for k in keys[:-1]))
 

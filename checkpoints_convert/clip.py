@@ -25,7 +25,7 @@ from checkpoints_convert import components, hf_to_flax, torch_files
 from checkpoints_convert import safetensors_stream as st
 from glmrl.checkpoint.params import PARAMS_DIR
 from glmrl import errors
-from glmrl.errors import run_command
+from glmrl.errors import UserError, run_command
 
 # The name CLIP is registered under in `checkpoints_convert.components`.
 COMPONENT = "clip"
@@ -51,12 +51,12 @@ def _safetensors_source(reader: st.SafetensorsReader):
 def convert_clip(hf_dir: str, out_dir: str, log: Callable[[str], None] = print) -> dict:
   """Converts one HF CLIP folder into `out_dir`/{params/, config.json, tokenizer files, ...}."""
   if not os.path.isdir(hf_dir):
-    raise ValueError(f"--hf_dir {hf_dir!r} is not a directory")
+    raise UserError(f"--hf_dir {hf_dir!r} is not a directory")
   component = components.get(COMPONENT)
   component.config_from_hf(component.read_config(hf_dir))  # a bad config fails before anything is read
   params_dir = os.path.join(out_dir, PARAMS_DIR)
   if os.path.exists(params_dir):
-    raise ValueError(f"{params_dir} already exists; remove it or choose another out_dir")
+    raise UserError(f"{params_dir} already exists; remove it or choose another out_dir")
   try:
     reader = st.SafetensorsReader(st.find_weights(hf_dir, component.weights_name))
   except FileNotFoundError:

@@ -16,6 +16,7 @@ from checkpoints_convert import hf_to_flax
 from checkpoints_convert import safetensors_stream as st
 from glmrl.checkpoint import params as params_lib
 from glmrl.checkpoint.params import PARAMS_DIR
+from glmrl.errors import UserError
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 
@@ -101,7 +102,7 @@ def export_component(component: components_lib.Component, params_dir: str, confi
 
 def fresh_dir(path: str):
   if os.path.isdir(path) and os.listdir(path):
-    raise ValueError(f"{path} exists and is not empty; choose an empty --hf_out_dir")
+    raise UserError(f"{path} exists and is not empty; choose an empty --hf_out_dir")
   os.makedirs(path, exist_ok=True)
 
 

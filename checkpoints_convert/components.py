@@ -17,6 +17,7 @@ from flax import nnx
 
 from checkpoints_convert import rules as rules_lib
 from glmrl.checkpoint import params as params_lib
+from glmrl.errors import UserError
 from glmrl.models.init_rngs import InitRngs
 
 MODEL_INDEX = "model_index.json"
@@ -57,7 +58,7 @@ class Component:
       try:
         return json.load(f)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
+        raise UserError(f"{path}: not valid JSON ({e})") from e
 
   def config_from_hf(self, config_dict: dict, **overrides):
     cfg = self.config_class().from_hf(config_dict)
@@ -138,7 +139,7 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
 
 def get(name: str) -> Component:
   if name not in COMPONENTS:
-    raise ValueError(f"unknown component {name!r}; known: {sorted(COMPONENTS)}")
+    raise UserError(f"unknown component {name!r}; known: {sorted(COMPONENTS)}")
   return COMPONENTS[name]
 
 

@@ -34,6 +34,7 @@ from checkpoints_convert import hf_to_flax
 from checkpoints_convert import run_export
 from checkpoints_convert import safetensors_stream as st
 from checkpoints_convert.component_export import DEFAULT_MAX_SHARD_SIZE
+from glmrl.errors import UserError
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "export"]
 
@@ -46,18 +47,18 @@ def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_di
   `hf_out_dir` is refused unless `overwrite` (then replaced whole, once the new folder is complete); a folder
   inside what is read, or holding it, always. A full disk is one error naming the folder and the space."""
   if not os.path.isdir(ckpt_dir):
-    raise ValueError(f"--ckpt_dir {ckpt_dir!r} is not a directory")
+    raise UserError(f"--ckpt_dir {ckpt_dir!r} is not a directory")
   out = os.path.abspath(hf_out_dir)
   for flag, read in (("--ckpt_dir", ckpt_dir), ("--source_dir", source_dir)):
     if read and _holds(out, os.path.abspath(read)):
-      raise ValueError(f"--hf_out_dir={hf_out_dir} is or holds {flag}={read}, which the export reads: choose "
-                       "another folder")
+      raise UserError(f"--hf_out_dir={hf_out_dir} is or holds {flag}={read}, which the export reads: choose "
+                      "another folder")
   if os.path.exists(out) and not os.path.isdir(out):
-    raise ValueError(f"--hf_out_dir={hf_out_dir} is a file")
+    raise UserError(f"--hf_out_dir={hf_out_dir} is a file")
   entries = sorted(os.listdir(out)) if os.path.isdir(out) else []
   if entries and not overwrite:
-    raise ValueError(f"--hf_out_dir={hf_out_dir} is not empty ({len(entries)} entries, e.g. {entries[0]!r}): choose "
-                     "a new or empty folder, or pass --overwrite to replace it")
+    raise UserError(f"--hf_out_dir={hf_out_dir} is not empty ({len(entries)} entries, e.g. {entries[0]!r}): choose "
+                    "a new or empty folder, or pass --overwrite to replace it")
   parent = os.path.dirname(out)
   os.makedirs(parent, exist_ok=True)
   free = shutil.disk_usage(parent).free
@@ -76,9 +77,9 @@ def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_di
     if e.errno != errno.ENOSPC:
       raise
     written = _size(partial)
-    raise ValueError(f"--hf_out_dir={hf_out_dir}: its disk filled after {written / 2**20:.1f} MiB of the export "
-                     f"({free / 2**20:.1f} MiB were free; it needs more): free space there or choose another folder "
-                     "(nothing was left behind)") from None
+    raise UserError(f"--hf_out_dir={hf_out_dir}: its disk filled after {written / 2**20:.1f} MiB of the export "
+                    f"({free / 2**20:.1f} MiB were free; it needs more): free space there or choose another folder "
+                    "(nothing was left behind)") from None
   finally:
     shutil.rmtree(partial, ignore_errors=True)
   return _renamed(result, partial, out)
@@ -126,20 +127,20 @@ def _export(ckpt_dir: str, hf_out_dir: str, *, step: int | None, source_dir: str
   if training is not None:
     return run_export.export_run(*training, hf_out_dir, source_dir, max_shard_size, log, merge_lora, use_ema)
   if use_ema:
-    raise ValueError(f"--use_ema is for a training run whose decoder kept a moving average; {ckpt_dir} is not a "
-                     "training checkpoint")
+    raise UserError(f"--use_ema is for a training run whose decoder kept a moving average; {ckpt_dir} is not a "
+                    "training checkpoint")
   if merge_lora:
-    raise ValueError(f"--merge_lora is for a LoRA training run; {ckpt_dir} is not a training checkpoint")
+    raise UserError(f"--merge_lora is for a LoRA training run; {ckpt_dir} is not a training checkpoint")
   if step is not None:
-    raise ValueError(f"--step given but {ckpt_dir} is not a training checkpoint "
-                     f"(no {run_export.TRAINING_CONFIG} in it or in its checkpoints/)")
+    raise UserError(f"--step given but {ckpt_dir} is not a training checkpoint "
+                    f"(no {run_export.TRAINING_CONFIG} in it or in its checkpoints/)")
   if source_dir is not None:
-    raise ValueError(f"--source_dir is for a training checkpoint; {ckpt_dir} is not one "
-                     f"(no {run_export.TRAINING_CONFIG} in it or in its checkpoints/): its own components are exported")
+    raise UserError(f"--source_dir is for a training checkpoint; {ckpt_dir} is not one "
+                    f"(no {run_export.TRAINING_CONFIG} in it or in its checkpoints/): its own components are exported")
   present = component_export.converted_components(ckpt_dir)
   if not present:
-    raise ValueError(f"{ckpt_dir}: neither a converted checkpoint (<component>/params/) "
-                     f"nor a training checkpoint ({run_export.TRAINING_CONFIG})")
+    raise UserError(f"{ckpt_dir}: neither a converted checkpoint (<component>/params/) "
+                    f"nor a training checkpoint ({run_export.TRAINING_CONFIG})")
   skipped = [n for n in components_lib.COMPONENTS if n not in present]
   plans = component_export.plan_components(ckpt_dir, present)
   for n in present:

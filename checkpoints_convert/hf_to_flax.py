@@ -27,6 +27,7 @@ from checkpoints_convert import components as components_lib
 from checkpoints_convert import rules as rules_lib
 from checkpoints_convert import safetensors_stream as st
 from glmrl.checkpoint.params import CONFIG_NAME, PARAMS_DIR, check_coverage, flatten, nest
+from glmrl.errors import UserError
 
 # Orbax stores each array in chunks of at most this many bytes, so a sharded
 # restore reads only the chunks a device needs.
@@ -161,8 +162,8 @@ class _SequentialNumpyHandler(ocp.type_handlers.NumpyHandler):
     for value, info, arg in zip(values, infos, args):
       arr = await asyncio.to_thread(value.load) if isinstance(value, LazyArray) else value
       if arr.shape != value.shape or arr.dtype != value.dtype:
-        raise ValueError(f"{info.name}: loaded {arr.dtype}{list(arr.shape)}, "
-                         f"declared {value.dtype}{list(value.shape)}")
+        raise UserError(f"{info.name}: loaded {arr.dtype}{list(arr.shape)}, "
+                        f"declared {value.dtype}{list(value.shape)}")
       await super()._background_serialize([arr], [info], [arg])
       del arr
 
@@ -170,7 +171,7 @@ class _SequentialNumpyHandler(ocp.type_handlers.NumpyHandler):
 def save_params(params_dir: str, flat: dict[str, LazyArray | np.ndarray]):
   """Writes {flax path: leaf} as one Orbax PyTree checkpoint at `params_dir`."""
   if os.path.exists(params_dir):
-    raise ValueError(f"{params_dir} already exists; remove it or choose another out_dir")
+    raise UserError(f"{params_dir} already exists; remove it or choose another out_dir")
   leaf_handler = _SequentialNumpyHandler()
   registry = ocp.type_handlers.create_type_handler_registry(
       (LazyArray, leaf_handler), (np.ndarray, leaf_handler),
@@ -189,7 +190,7 @@ def write_model_folder(out_dir: str, config_dict: dict, flat: dict[str, np.ndarr
   """`out_dir`/{config.json, params/} of a small model held in memory; returns a summary."""
   params_dir = os.path.join(out_dir, PARAMS_DIR)
   if os.path.exists(params_dir):
-    raise ValueError(f"{params_dir} already exists; remove it or choose another out_dir")
+    raise UserError(f"{params_dir} already exists; remove it or choose another out_dir")
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, CONFIG_NAME), "w") as f:
     json.dump(config_dict, f, indent=2)
@@ -232,7 +233,7 @@ def _check_model_index(hf_dir: str, names):
     listed = index.get(name)
     want = list(components_lib.get(name).library)
     if listed is not None and list(listed) != want:
-      raise ValueError(f"{path}: {name} is {listed}, the converter handles {want}")
+      raise UserError(f"{path}: {name} is {listed}, the converter handles {want}")
 
 
 def convert_pipeline(hf_dir: str, out_dir: str, log: Callable[[str], None] = print) -> dict:
@@ -242,16 +243,16 @@ def convert_pipeline(hf_dir: str, out_dir: str, log: Callable[[str], None] = pri
   tensor is read or written.
   """
   if not os.path.isdir(hf_dir):
-    raise ValueError(f"--hf_dir {hf_dir!r} is not a directory")
+    raise UserError(f"--hf_dir {hf_dir!r} is not a directory")
   present = [n for n in components_lib.COMPONENTS if os.path.isdir(os.path.join(hf_dir, n))]
   skipped = [n for n in components_lib.COMPONENTS if n not in present]
   if not present:
-    raise ValueError(f"{hf_dir} holds none of the components {sorted(components_lib.COMPONENTS)}")
+    raise UserError(f"{hf_dir} holds none of the components {sorted(components_lib.COMPONENTS)}")
   _check_model_index(hf_dir, present)
   plans = {n: plan_component(components_lib.get(n), os.path.join(hf_dir, n)) for n in present}
   for n in present:
     if os.path.exists(os.path.join(out_dir, n, PARAMS_DIR)):
-      raise ValueError(f"{os.path.join(out_dir, n, PARAMS_DIR)} already exists")
+      raise UserError(f"{os.path.join(out_dir, n, PARAMS_DIR)} already exists")
   for n in skipped:
     log(f"skipped {n}: not in {hf_dir}")
   converted = {}

@@ -32,7 +32,7 @@ from checkpoints_convert import safetensors_stream as st
 from checkpoints_convert.clip import COMPONENT
 from glmrl import errors
 from glmrl.checkpoint.params import PARAMS_DIR
-from glmrl.errors import run_command
+from glmrl.errors import UserError, run_command
 from glmrl.models.clip.config import ClipConfig, ClipTextConfig, ClipVisionConfig
 
 # open_clip's model_configs/ViT-H-14.json.
@@ -59,15 +59,15 @@ BUFFERS = ("attn_mask",)
 def clip_config(model_config: dict) -> ClipConfig:
   """The `ClipConfig` of an OpenCLIP model config dict (exact GELU unless `quick_gelu`)."""
   if not isinstance(model_config, dict) or not {"embed_dim", "vision_cfg", "text_cfg"} <= set(model_config):
-    raise ValueError(f"an OpenCLIP model config needs embed_dim, vision_cfg and text_cfg, got {model_config!r}")
+    raise UserError(f"an OpenCLIP model config needs embed_dim, vision_cfg and text_cfg, got {model_config!r}")
   vision = {**VISION_DEFAULTS, **model_config["vision_cfg"]}
   text = {**TEXT_DEFAULTS, **model_config["text_cfg"]}
   for name, cfg in (("vision_cfg", vision), ("text_cfg", text)):
     for key, supported in UNSUPPORTED[name].items():
       if cfg.get(key, supported) != supported:
-        raise ValueError(f"OpenCLIP {name}.{key}={cfg[key]!r} is not supported (only {supported!r})")
+        raise UserError(f"OpenCLIP {name}.{key}={cfg[key]!r} is not supported (only {supported!r})")
   if isinstance(vision.get("layers"), (list, tuple)):
-    raise ValueError(f"OpenCLIP vision_cfg.layers={vision['layers']!r}: a ResNet tower is not supported")
+    raise UserError(f"OpenCLIP vision_cfg.layers={vision['layers']!r}: a ResNet tower is not supported")
   act = "quick_gelu" if model_config.get("quick_gelu", False) else "gelu"
   width = vision["width"]
   return ClipConfig(
@@ -109,24 +109,24 @@ def hf_tensors(key: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, .
     return [(_RENAMES[key], shape, lambda a: a)]
   if key in _PROJECTIONS:
     if len(shape) != 2:
-      raise ValueError(f"OpenCLIP {key} has shape {list(shape)}, expected [width, embed_dim]")
+      raise UserError(f"OpenCLIP {key} has shape {list(shape)}, expected [width, embed_dim]")
     return [(_PROJECTIONS[key], shape[::-1], lambda a: np.ascontiguousarray(a.T))]
   match = _LAYER.match(key)
   if match is None:
-    raise ValueError(f"OpenCLIP key {key!r} has no CLIPModel counterpart")
+    raise UserError(f"OpenCLIP key {key!r} has no CLIPModel counterpart")
   visual, layer, name, kind = match.groups()
   prefix = f"{'vision' if visual else 'text'}_model.encoder.layers.{layer}."
   for theirs, ours in _BLOCK:
     if name == theirs:
       return [(f"{prefix}{ours}.{kind}", shape, lambda a: a)]
-  raise ValueError(f"OpenCLIP key {key!r} has no CLIPModel counterpart")
+  raise UserError(f"OpenCLIP key {key!r} has no CLIPModel counterpart")
 
 
 def _in_proj(key: str, shape: tuple[int, ...]):
   """The query, key and value tensors of one fused attention input projection (rows [q; k; v])."""
   visual, layer, kind = _IN_PROJ.match(key).groups()
   if shape[0] % 3:
-    raise ValueError(f"OpenCLIP {key} has shape {list(shape)}: its first dimension is not 3 x width")
+    raise UserError(f"OpenCLIP {key} has shape {list(shape)}: its first dimension is not 3 x width")
   width = shape[0] // 3
   prefix = f"{'vision' if visual else 'text'}_model.encoder.layers.{layer}.self_attn."
   rows = lambda i: lambda a: np.ascontiguousarray(a[i * width:(i + 1) * width])
@@ -167,8 +167,8 @@ def check_fits(tensors: dict, cfg: ClipConfig, where: str) -> None:
   if wrong:
     problems.append(f"{len(wrong)} shapes differ ({'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''})")
   if problems:
-    raise ValueError(f"{where} does not fit the OpenCLIP model config (--model_config): CLIPModel tensors "
-                     + "; ".join(problems))
+    raise UserError(f"{where} does not fit the OpenCLIP model config (--model_config): CLIPModel tensors "
+                    + "; ".join(problems))
 
 
 def read_state_dict(path: str) -> dict:
@@ -179,9 +179,9 @@ def read_state_dict(path: str) -> dict:
   if isinstance(state.get("state_dict"), dict):
     state = state["state_dict"]
   if not all(hasattr(v, "shape") for v in state.values()):
-    raise ValueError(f"{path}: holds neither an OpenCLIP state_dict nor {{'state_dict': ...}}")
+    raise UserError(f"{path}: holds neither an OpenCLIP state_dict nor {{'state_dict': ...}}")
   if any(k.startswith("module.") for k in state):
-    raise ValueError(f"{path}: keys start with 'module.' (a wrapped model's); save model.state_dict() itself")
+    raise UserError(f"{path}: keys start with 'module.' (a wrapped model's); save model.state_dict() itself")
   return state
 
 
@@ -192,13 +192,13 @@ def convert_hps(checkpoint: str, out_dir: str, model_config: str = "", log: Call
       with open(model_config) as f:
         open_clip_config = json.load(f)
     except json.JSONDecodeError as e:
-      raise ValueError(f"--model_config {model_config}: not valid JSON ({e})") from e
+      raise UserError(f"--model_config {model_config}: not valid JSON ({e})") from e
   else:
     open_clip_config = VIT_H_14
   cfg = clip_config(open_clip_config)
   params_dir = os.path.join(out_dir, PARAMS_DIR)
   if os.path.exists(params_dir):
-    raise ValueError(f"{params_dir} already exists; remove it or choose another out_dir")
+    raise UserError(f"{params_dir} already exists; remove it or choose another out_dir")
   tensors = openclip_to_clipmodel(read_state_dict(checkpoint))
   check_fits(tensors, cfg, checkpoint)
   component = components.get(COMPONENT)

@@ -27,7 +27,7 @@ from checkpoints_convert.rules import KeyMap
 from checkpoints_convert.torch_files import read_state_dict
 from glmrl import errors
 from glmrl.checkpoint.params import flatten
-from glmrl.errors import run_command
+from glmrl.errors import UserError, run_command
 from glmrl.models.blip.config import BlipTextConfig, BlipVisionConfig, ImageRewardConfig
 from glmrl.models.blip.model import ImageRewardModel
 from glmrl.models.init_rngs import InitRngs
@@ -39,8 +39,8 @@ HEAD_LINEARS = (0, 2, 4, 6, 7)
 def _require(state: dict, keys, where: str) -> None:
   missing = [k for k in keys if k not in state]
   if missing:
-    raise ValueError(f"{where}: not ImageReward's state_dict, missing {missing[:4]}"
-                     f"{' ...' if len(missing) > 4 else ''} (keys: {sorted(state)[:6]} ...)")
+    raise UserError(f"{where}: not ImageReward's state_dict, missing {missing[:4]}"
+                    f"{' ...' if len(missing) > 4 else ''} (keys: {sorted(state)[:6]} ...)")
 
 
 def _count(state: dict, pattern: str) -> int:
@@ -83,12 +83,12 @@ def prepare_state(state: dict[str, np.ndarray], where: str) -> dict[str, np.ndar
     m = re.fullmatch(rf"({re.escape(VISION)}\.blocks\.\d+\.attn)\.qkv\.(weight|bias)", key)
     if m:
       if value.shape[0] % 3:
-        raise ValueError(f"{where}: {key} has {value.shape[0]} rows, not 3 equal q, k, v parts")
+        raise UserError(f"{where}: {key} has {value.shape[0]} rows, not 3 equal q, k, v parts")
       for name, part in zip("qkv", np.split(value, 3, axis=0)):
         out[f"{m.group(1)}.{name}.{m.group(2)}"] = part
     elif key in (f"{VISION}.cls_token", f"{VISION}.pos_embed"):
       if value.ndim != 3 or value.shape[0] != 1 or (key.endswith("cls_token") and value.shape[1] != 1):
-        raise ValueError(f"{where}: {key} has shape {list(value.shape)}, expected [1, {'1' if key.endswith('cls_token') else 'N + 1'}, D]")
+        raise UserError(f"{where}: {key} has shape {list(value.shape)}, expected [1, {'1' if key.endswith('cls_token') else 'N + 1'}, D]")
       out[key] = value.reshape(value.shape[-1]) if key.endswith("cls_token") else value[0]
     else:
       out[key] = value
@@ -104,7 +104,7 @@ def _read_med_config(path: str | None) -> dict | None:
     try:
       return json.load(f)
     except json.JSONDecodeError as e:
-      raise ValueError(f"--med_config {path}: not valid JSON ({e})") from None
+      raise UserError(f"--med_config {path}: not valid JSON ({e})") from None
 
 
 def convert_image_reward(checkpoint: str, out_dir: str, med_config: str | None = None) -> dict:
@@ -112,8 +112,8 @@ def convert_image_reward(checkpoint: str, out_dir: str, med_config: str | None =
   med = _read_med_config(med_config)
   state = read_state_dict(checkpoint)
   if state and all(k.startswith("module.") for k in state):
-    raise ValueError(f"{checkpoint}: every key starts with 'module.' (a DataParallel wrapper's state_dict); "
-                     "save the unwrapped model's")
+    raise UserError(f"{checkpoint}: every key starts with 'module.' (a DataParallel wrapper's state_dict); "
+                    "save the unwrapped model's")
   cfg = config_from_state(state, med, checkpoint)
   expected = flatten(nnx.state(nnx.eval_shape(lambda: ImageRewardModel(cfg, rngs=InitRngs(0))), nnx.Param))
   flat = hf_to_flax.plan_state_dict(prepare_state(state, checkpoint), KeyMap(RULES), expected, checkpoint)

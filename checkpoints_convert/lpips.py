@@ -25,7 +25,7 @@ from checkpoints_convert.maps import lpips as lpips_map
 from checkpoints_convert.rules import KeyMap
 from glmrl.checkpoint.params import flatten
 from glmrl import errors
-from glmrl.errors import run_command
+from glmrl.errors import UserError, run_command
 from glmrl.models.vgg import CONVS_PER_BLOCK, VGG16Config, torchvision_conv_indices
 from glmrl.models.lpips import LPIPS, LPIPSConfig
 from glmrl.models.init_rngs import InitRngs
@@ -38,10 +38,10 @@ def config_from_vgg(state: dict[str, np.ndarray], where: str) -> LPIPSConfig:
   keys = [f"features.{indices[i]}.weight" for i in last]
   missing = [k for k in keys + ["features.0.weight"] if k not in state]
   if missing:
-    raise ValueError(f"{where}: not a torchvision vgg16 state_dict, missing {missing}")
+    raise UserError(f"{where}: not a torchvision vgg16 state_dict, missing {missing}")
   for k in keys + ["features.0.weight"]:
     if state[k].ndim != 4:
-      raise ValueError(f"{where}: {k} has shape {list(state[k].shape)}, expected a 4-D conv weight")
+      raise UserError(f"{where}: {k} has shape {list(state[k].shape)}, expected a 4-D conv weight")
   vgg = VGG16Config(block_channels=tuple(int(state[k].shape[0]) for k in keys),
                     in_channels=int(state["features.0.weight"].shape[1]))
   return LPIPSConfig(vgg=vgg)
@@ -59,7 +59,7 @@ def convert_lpips(vgg16_path: str, lpips_path: str, out_dir: str) -> dict:
   heads = read_state_dict(lpips_path)
   both = set(vgg) & set(heads)
   if both:
-    raise ValueError(f"{vgg16_path} and {lpips_path} both hold {sorted(both)}")
+    raise UserError(f"{vgg16_path} and {lpips_path} both hold {sorted(both)}")
   cfg = config_from_vgg(vgg, vgg16_path)
   flat = plan({**vgg, **heads}, cfg, f"LPIPS from {vgg16_path} + {lpips_path}")
   return hf_to_flax.write_model_folder(out_dir, cfg.to_hf(), flat)

@@ -23,6 +23,7 @@ import numpy as np
 
 from checkpoints_convert import safetensors_stream as st
 from checkpoints_convert.rules import KeyMap
+from glmrl.errors import UserError
 
 ADAPTERS_DIR = "adapters"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -41,7 +42,7 @@ def adapter_pairs(adapters: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray
   unpaired = [l for l in layers if f"{l}.{_A}" not in adapters or f"{l}.{_B}" not in adapters]
   stray = [p for p in adapters if p.rsplit(".", 1)[-1] not in (_A, _B)]
   if unpaired or stray:
-    raise ValueError(f"not a LoRA adapter state: unpaired {unpaired[:4]}, not adapters {stray[:4]}")
+    raise UserError(f"not a LoRA adapter state: unpaired {unpaired[:4]}, not adapters {stray[:4]}")
   return {f"{l}.kernel": (adapters[f"{l}.{_A}"], adapters[f"{l}.{_B}"]) for l in layers}
 
 
@@ -56,7 +57,7 @@ def delta(a_IxR: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
 def merge_kernel(kernel: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
   """The base kernel with its adapter's update added (in float32, cast back to the kernel's dtype)."""
   if kernel.shape != delta(a, b, 1.0).shape:
-    raise ValueError(f"adapter update {delta(a, b, 1.0).shape} does not fit the kernel {kernel.shape}")
+    raise UserError(f"adapter update {delta(a, b, 1.0).shape} does not fit the kernel {kernel.shape}")
   return (kernel.astype(np.float32) + delta(a, b, scale)).astype(kernel.dtype)
 
 
@@ -72,8 +73,8 @@ def check_fit(pairs: dict[str, tuple[np.ndarray, np.ndarray]], kernel_shapes: di
       bad.append(f"{path}: adapter update {list(update)} (rank {a.shape[-1]}/{b.shape[0]}), "
                  f"base {list(want) if want is not None else 'has no such kernel'}")
   if bad:
-    raise ValueError(f"the adapters do not fit the base {base}: {'; '.join(bad[:4])}"
-                     + (f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""))
+    raise UserError(f"the adapters do not fit the base {base}: {'; '.join(bad[:4])}"
+                    + (f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""))
 
 
 def lora_tensors(adapters: dict[str, np.ndarray], key_map: KeyMap,
@@ -110,7 +111,7 @@ def lora_config(record: dict, modules: list[str]) -> dict:
 def _check_rank(tensors: dict[str, np.ndarray], record: dict, record_name: str):
   ranks = {t.shape[0] for k, t in tensors.items() if k.endswith("lora_A.weight")}
   if ranks != {record["rank"]}:
-    raise ValueError(f"adapters of rank {sorted(ranks)}, {record_name} says {record['rank']}")
+    raise UserError(f"adapters of rank {sorted(ranks)}, {record_name} says {record['rank']}")
 
 
 def _write_tensors(out_dir: str, weights_name: str, tensors: dict[str, np.ndarray], metadata=None):

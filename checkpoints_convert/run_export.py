@@ -20,6 +20,7 @@ from checkpoints_convert import peft as peft_lib
 from glmrl.checkpoint import manager as train_ckpt
 from glmrl.checkpoint import params as params_lib
 from glmrl.checkpoint.params import PARAMS_DIR
+from glmrl.errors import UserError
 from glmrl.policy import registry as policy_registry
 
 TRAINING_CONFIG = train_ckpt.AR_CONFIG_FILE  # every training run's checkpoints folder holds it
@@ -45,11 +46,11 @@ def find_training_checkpoint(ckpt_dir: str, step: int | None = None) -> tuple[st
   steps = sorted(int(n) for n in os.listdir(root)
                  if n.isdigit() and any(os.path.isdir(os.path.join(root, n, i)) for i in items))
   if not steps:
-    raise ValueError(f"{root}: no step folder with a {' or a '.join(repr(i) for i in items)} item")
+    raise UserError(f"{root}: no step folder with a {' or a '.join(repr(i) for i in items)} item")
   if step is None:
     step = steps[-1]
   elif step not in steps:
-    raise ValueError(f"--step {step} not in {root}; available steps: {steps}")
+    raise UserError(f"--step {step} not in {root}; available steps: {steps}")
   return os.path.join(root, str(step), PARAMS_DIR), config, step
 
 
@@ -73,9 +74,9 @@ def training_source(run_dir: str, source_dir: str | None) -> tuple[str | None, s
       return None, (f"the run trained a random preset (no config.model.checkpoint_dir, {recorded_at}), so "
                     f"there is no released folder its other pipeline components could come from")
   if not os.path.isdir(os.path.join(source, SOURCE_MARKER, PARAMS_DIR)):
-    raise ValueError(f"source checkpoint {source!r} ({origin}) is not a converted GLM-Image folder (no "
-                     f"{SOURCE_MARKER}/{PARAMS_DIR}); pass --source_dir=<the converted folder "
-                     f"the run trained from>, or --source_dir='' for the generator alone")
+    raise UserError(f"source checkpoint {source!r} ({origin}) is not a converted GLM-Image folder (no "
+                    f"{SOURCE_MARKER}/{PARAMS_DIR}); pass --source_dir=<the converted folder "
+                    f"the run trained from>, or --source_dir='' for the generator alone")
   return os.path.abspath(source), None
 
 
@@ -84,8 +85,8 @@ def _check_same_model(component, role: str, source_config: dict, source_path: st
   a, b = component.config_from_hf(source_config), component.config_from_hf(run_config)
   if a != b:
     diff = [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
-    raise ValueError(f"{source_path} describes a different {role} than the trained one ({run_path}): "
-                     f"{', '.join(diff)} differ; is this the converted folder the run trained from?")
+    raise UserError(f"{source_path} describes a different {role} than the trained one ({run_path}): "
+                    f"{', '.join(diff)} differ; is this the converted folder the run trained from?")
 
 
 def _match_dtype(config_path: str, plan: list[component_export.Exported], log):
@@ -112,7 +113,7 @@ def _read_json(path: str) -> dict | None:
     try:
       return json.load(f)
     except json.JSONDecodeError as e:
-      raise ValueError(f"{path}: not valid JSON ({e})") from e
+      raise UserError(f"{path}: not valid JSON ({e})") from e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +138,8 @@ def trained_models(params_dir: str, config_path: str, use_ema: bool = False) -> 
               if use_ema and saved.ema and os.path.isdir(os.path.join(step_dir, saved.ema))}
   if use_ema and not averaged:
     items = " or ".join(repr(saved.ema) for saved in found.values() if saved.ema) or "moving-average"
-    raise ValueError(f"--use_ema: {step_dir} holds no {items} item (the run kept no moving average of its trained "
-                     "models: config.decoder.ema.every=0)")
+    raise UserError(f"--use_ema: {step_dir} holds no {items} item (the run kept no moving average of its trained "
+                    "models: config.decoder.ema.every=0)")
   return [TrainedModel(components_lib.get(saved.export_component), saved.role,
                        os.path.join(step_dir, saved.ema if name in averaged else saved.params),
                        _read_json(os.path.join(run_dir, saved.adapters_file)),
@@ -178,7 +179,7 @@ def _plan_model(m: TrainedModel, source: str | None, why_not: str | None, merge_
     adapters = {p: reader.read(p) for p in reader.leaves}
     pairs = peft_lib.adapter_pairs(adapters)
     if merge_lora and source_dir is None:
-      raise ValueError(f"--merge_lora needs the base the adapters of {m.item_dir} were trained on: {no_base}")
+      raise UserError(f"--merge_lora needs the base the adapters of {m.item_dir} were trained on: {no_base}")
     weights_dir = os.path.join(source_dir, PARAMS_DIR) if source_dir else None
     if merge_lora:
       scale = float(m.lora["alpha"]) / int(m.lora["rank"])
@@ -243,8 +244,8 @@ def export_run(params_dir: str, config_path: str, step: int, hf_out_dir: str, so
   if merge_lora and all(m.lora is None for m in models):
     records = " or ".join(os.path.basename(m.lora_file) for m in models)
     roles = " and ".join(m.role for m in models)
-    raise ValueError(f"--merge_lora: {run_dir} holds no LoRA adapters (no {records}); its {roles} "
-                     f"{'is' if len(models) == 1 else 'are'} exported whole without it")
+    raise UserError(f"--merge_lora: {run_dir} holds no LoRA adapters (no {records}); its {roles} "
+                    f"{'is' if len(models) == 1 else 'are'} exported whole without it")
   source, why_not = training_source(run_dir, source_dir)
   exports = [_plan_model(m, source, why_not, merge_lora) for m in models]
   trained = {m.component.name for m in models}

@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Sequence
 
 import ml_dtypes
 import numpy as np
+from glmrl.errors import UserError
 
 # safetensors dtype names <-> numpy dtypes (ml_dtypes for those numpy lacks).
 _DTYPES = {
@@ -45,7 +46,7 @@ INDEX_SUFFIX = ".index.json"
 
 def to_numpy_dtype(name: str) -> np.dtype:
   if name not in _DTYPES:
-    raise ValueError(f"unsupported safetensors dtype {name!r}")
+    raise UserError(f"unsupported safetensors dtype {name!r}")
   return _DTYPES[name]
 
 
@@ -72,14 +73,14 @@ def read_header(path: str) -> tuple[dict[str, TensorInfo], dict]:
   with open(path, "rb") as f:
     raw = f.read(8)
     if len(raw) != 8:
-      raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+      raise UserError(f"{path}: not a safetensors file (shorter than 8 bytes)")
     (n,) = struct.unpack("<Q", raw)
     if n > _HEADER_LIMIT or 8 + n > size:
-      raise ValueError(f"{path}: header length {n} is invalid for a {size}-byte file")
+      raise UserError(f"{path}: header length {n} is invalid for a {size}-byte file")
     try:
       header = json.loads(f.read(n))
     except json.JSONDecodeError as e:
-      raise ValueError(f"{path}: header is not valid JSON ({e})") from e
+      raise UserError(f"{path}: header is not valid JSON ({e})") from e
   metadata = header.pop("__metadata__", None) or {}
   start, infos = 8 + n, {}
   for key, entry in header.items():
@@ -88,8 +89,8 @@ def read_header(path: str) -> tuple[dict[str, TensorInfo], dict]:
     begin, end = (int(x) for x in entry["data_offsets"])
     nbytes = math.prod(shape) * dtype.itemsize
     if end - begin != nbytes or start + end > size:
-      raise ValueError(f"{path}: tensor {key!r} has data_offsets [{begin}, {end}] "
-                       f"inconsistent with {entry['dtype']}{list(shape)} in a {size}-byte file")
+      raise UserError(f"{path}: tensor {key!r} has data_offsets [{begin}, {end}] "
+                      f"inconsistent with {entry['dtype']}{list(shape)} in a {size}-byte file")
     infos[key] = TensorInfo(key, dtype, shape, path, start + begin, nbytes)
   return infos, metadata
 
@@ -125,10 +126,10 @@ class SafetensorsReader:
       try:
         index = json.load(f)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
+        raise UserError(f"{path}: not valid JSON ({e})") from e
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict):
-      raise ValueError(f"{path}: no 'weight_map' object")
+      raise UserError(f"{path}: no 'weight_map' object")
     self.metadata = index.get("metadata") or {}
     root = os.path.dirname(path)
     by_file: dict[str, list[str]] = {}
@@ -141,7 +142,7 @@ class SafetensorsReader:
       infos, _ = read_header(shard)
       listed = set(keys)
       if listed != set(infos):
-        raise ValueError(
+        raise UserError(
             f"{shard}: holds {sorted(set(infos) - listed)} not listed in {path}, "
             f"lacks {sorted(listed - set(infos))} listed there")
       self._infos.update(infos)
@@ -169,7 +170,7 @@ class SafetensorsReader:
         while done < info.nbytes:
           n = f.readinto(view[done:])
           if not n:
-            raise ValueError(f"{info.file}: truncated while reading {key!r}")
+            raise UserError(f"{info.file}: truncated while reading {key!r}")
           done += n
     return out
 
@@ -181,13 +182,13 @@ def parse_size(size) -> int:
   else:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(size), re.I)
     if not m:
-      raise ValueError(f"cannot parse size {size!r} (use e.g. 5GB, 500MiB, 1000000)")
+      raise UserError(f"cannot parse size {size!r} (use e.g. 5GB, 500MiB, 1000000)")
     unit = (m.group(2) or "B").upper()
     base = 1024 if "I" in unit else 1000
     power = " KMGT".index(unit[0]) if unit != "B" else 0
     value = int(float(m.group(1)) * base**power)
   if value <= 0:
-    raise ValueError(f"size must be positive, got {size!r}")
+    raise UserError(f"size must be positive, got {size!r}")
   return value
 
 
@@ -261,8 +262,8 @@ def write_safetensors(
         if not arr.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
           arr = np.ascontiguousarray(arr)
         if arr.shape != tuple(spec.shape) or arr.dtype != np.dtype(spec.dtype):
-          raise ValueError(f"{spec.key}: read {arr.dtype}{list(arr.shape)}, "
-                           f"planned {np.dtype(spec.dtype)}{list(spec.shape)}")
+          raise UserError(f"{spec.key}: read {arr.dtype}{list(arr.shape)}, "
+                          f"planned {np.dtype(spec.dtype)}{list(spec.shape)}")
         if arr.size:
           f.write(memoryview(arr.reshape(-1).view(np.uint8)))
         del arr

@@ -5,6 +5,7 @@ import os
 import numpy as np
 
 from checkpoints_convert import safetensors_stream as st
+from glmrl.errors import UserError
 
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin")
 
@@ -30,14 +31,14 @@ def load_torch(path: str, *, mmap: bool = False) -> dict:
   try:
     import torch
   except ImportError as e:
-    raise ValueError(f"{path}: reading torch pickles needs torch; convert the file to safetensors "
-                     "or install torch") from e
+    raise UserError(f"{path}: reading torch pickles needs torch; convert the file to safetensors "
+                    "or install torch") from e
   try:
     state = torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
   except Exception as e:  # torch raises several types for corrupt or non-checkpoint files
-    raise ValueError(f"{path}: could not be read as a torch checkpoint ({type(e).__name__}: {e})") from e
+    raise UserError(f"{path}: could not be read as a torch checkpoint ({type(e).__name__}: {e})") from e
   if not isinstance(state, dict):
-    raise ValueError(f"{path}: holds a {type(state).__name__}, not a state_dict")
+    raise UserError(f"{path}: holds a {type(state).__name__}, not a state_dict")
   return state
 
 
@@ -49,5 +50,5 @@ def read_state_dict(path: str, keep=lambda key: True) -> dict[str, np.ndarray]:
     reader = st.SafetensorsReader(path)
     return {k: reader.read(k).astype(np.float32) for k in reader.keys() if keep(k)}
   if not path.endswith(_TORCH_SUFFIXES):
-    raise ValueError(f"{path}: expected a .safetensors or torch pickle ({', '.join(_TORCH_SUFFIXES)}) file")
+    raise UserError(f"{path}: expected a .safetensors or torch pickle ({', '.join(_TORCH_SUFFIXES)}) file")
   return {k: v.detach().float().numpy() for k, v in load_torch(path).items() if keep(k)}

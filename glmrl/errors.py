@@ -14,12 +14,13 @@ class UserError(ValueError):
 
 
 def run_command(work: Callable[[], object]) -> int:
-  """What every `python -m` entry point shares with main.py: bad input (a ValueError, UserError included, or an
-  OSError naming the file) is one `error:` line on stderr and exit status 2. Returns 0 after `work()`, printing
-  its result when that is a summary line (a str)."""
+  """What every `python -m` entry point shares with main.py: bad input (a UserError, or an OSError naming the file)
+  is one `error:` line on stderr and exit status 2; any other exception is a bug and keeps its traceback (a
+  ValueError from numpy or jax inside a converter reads like bad input without it). Returns 0 after `work()`,
+  printing its result when that is a summary line (a str)."""
   try:
     summary = work()
-  except (ValueError, OSError) as e:
+  except (UserError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if isinstance(summary, str):

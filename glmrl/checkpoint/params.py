@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
+from glmrl.errors import UserError
 from glmrl.models.init_rngs import InitRngs
 
 # Where a component's parameter pytree lives inside its converted folder.
@@ -60,7 +61,7 @@ def nest(flat: dict[str, Any]) -> dict:
 
 
 def check_coverage(where: str, missing=(), unexpected=(), mismatched=()):
-  """One ValueError listing every missing / unexpected / mis-shaped key."""
+  """One UserError listing every missing / unexpected / mis-shaped key."""
   lines = []
   if missing:
     lines.append(f"missing ({len(missing)}): " + ", ".join(missing))
@@ -69,7 +70,7 @@ def check_coverage(where: str, missing=(), unexpected=(), mismatched=()):
   if mismatched:
     lines.append(f"shape mismatch ({len(mismatched)}): " + "; ".join(mismatched))
   if lines:
-    raise ValueError(f"{where}:\n  " + "\n  ".join(lines))
+    raise UserError(f"{where}:\n  " + "\n  ".join(lines))
 
 
 def params_dir_of(directory: str) -> str:

@@ -6,6 +6,8 @@ import copy
 import dataclasses
 from typing import ClassVar
 
+from glmrl.errors import UserError
+
 
 def known_fields(cls, d: dict, *, drop_none: bool = False) -> dict:
   """The entries of `d` that are fields of the dataclass `cls` (HF configs carry many unrelated
@@ -15,14 +17,14 @@ def known_fields(cls, d: dict, *, drop_none: bool = False) -> dict:
 
 
 def check_positive_ints(obj, names, *, optional: bool = False) -> None:
-  """ValueError naming `Class.field=value` for the first of `names` that is not a positive int
+  """UserError naming `Class.field=value` for the first of `names` that is not a positive int
   (bools are refused); `optional`: None is allowed."""
   for name in names:
     value = getattr(obj, name)
     if optional and value is None:
       continue
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-      raise ValueError(f"{type(obj).__name__}.{name}={value!r} must be a positive int")
+      raise UserError(f"{type(obj).__name__}.{name}={value!r} must be a positive int")
 
 
 class HFConfig:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from glmrl.errors import UserError
 from glmrl.models.config_fields import HFConfig, check_positive_ints, known_fields
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -52,22 +53,22 @@ class TextConfig:
                           "num_hidden_layers", "num_attention_heads", "num_key_value_heads"))
     object.__setattr__(self, "mrope_section", tuple(int(s) for s in self.mrope_section))
     if self.hidden_size % self.num_attention_heads:
-      raise ValueError(f"TextConfig.hidden_size={self.hidden_size} is not divisible by "
-                       f"num_attention_heads={self.num_attention_heads}")
+      raise UserError(f"TextConfig.hidden_size={self.hidden_size} is not divisible by "
+                      f"num_attention_heads={self.num_attention_heads}")
     if self.num_attention_heads % self.num_key_value_heads:
-      raise ValueError(f"TextConfig.num_attention_heads={self.num_attention_heads} is not divisible by "
-                       f"num_key_value_heads={self.num_key_value_heads}")
+      raise UserError(f"TextConfig.num_attention_heads={self.num_attention_heads} is not divisible by "
+                      f"num_key_value_heads={self.num_key_value_heads}")
     if self.vision_vocab_size > self.vocab_size:
-      raise ValueError(f"TextConfig.vision_vocab_size={self.vision_vocab_size} exceeds vocab_size={self.vocab_size}")
+      raise UserError(f"TextConfig.vision_vocab_size={self.vision_vocab_size} exceeds vocab_size={self.vocab_size}")
     if self.hidden_act not in ACTIVATIONS:
-      raise ValueError(f"TextConfig.hidden_act={self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+      raise UserError(f"TextConfig.hidden_act={self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
     if self.rotary_dim % 2 or self.rotary_dim <= 0:
-      raise ValueError(f"TextConfig.partial_rotary_factor={self.partial_rotary_factor} gives rotary dim "
-                       f"{self.rotary_dim} of head_dim {self.head_dim}; it must be a positive even number")
+      raise UserError(f"TextConfig.partial_rotary_factor={self.partial_rotary_factor} gives rotary dim "
+                      f"{self.rotary_dim} of head_dim {self.head_dim}; it must be a positive even number")
     # Each frequency of the rotated half belongs to exactly one of the temporal/height/width sections.
     if len(self.mrope_section) != 3 or sum(self.mrope_section) != self.rotary_dim // 2:
-      raise ValueError(f"TextConfig.mrope_section={self.mrope_section} must be 3 sizes summing to "
-                       f"rotary_dim // 2 = {self.rotary_dim // 2}")
+      raise UserError(f"TextConfig.mrope_section={self.mrope_section} must be 3 sizes summing to "
+                      f"rotary_dim // 2 = {self.rotary_dim // 2}")
 
   @property
   def head_dim(self) -> int:
@@ -89,11 +90,11 @@ class TextConfig:
     rope.update(d.get("rope_parameters") or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
-      raise ValueError(f"rope_type={rope_type!r} is not supported (only 'default' M-RoPE)")
+      raise UserError(f"rope_type={rope_type!r} is not supported (only 'default' M-RoPE)")
     if d.get("num_key_value_heads") is None:
       values["num_key_value_heads"] = d.get("num_attention_heads", cls.num_attention_heads)
     if isinstance(values.get("eos_token_id"), (list, tuple)):
-      raise ValueError(f"eos_token_id={values['eos_token_id']!r}: a single id is expected")
+      raise UserError(f"eos_token_id={values['eos_token_id']!r}: a single id is expected")
     return cls(**values,
                rope_theta=float(rope.get("rope_theta", 10000.0)),
                partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
@@ -128,14 +129,14 @@ class VisionConfig(HFConfig):
     check_positive_ints(self, ("depth", "hidden_size", "num_heads", "in_channels", "image_size",
                           "patch_size", "spatial_merge_size", "intermediate_size"))
     if self.hidden_size % self.num_heads:
-      raise ValueError(f"VisionConfig.hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+      raise UserError(f"VisionConfig.hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
     if self.image_size % self.patch_size:
-      raise ValueError(f"VisionConfig.image_size={self.image_size} is not divisible by patch_size={self.patch_size}")
+      raise UserError(f"VisionConfig.image_size={self.image_size} is not divisible by patch_size={self.patch_size}")
     if self.hidden_act not in ACTIVATIONS:
-      raise ValueError(f"VisionConfig.hidden_act={self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+      raise UserError(f"VisionConfig.hidden_act={self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
     # The encoder has no patch merger: each patch is one VQ token, in raster order.
     if self.spatial_merge_size != 1:
-      raise ValueError(f"VisionConfig.spatial_merge_size={self.spatial_merge_size}: only 1 is supported")
+      raise UserError(f"VisionConfig.spatial_merge_size={self.spatial_merge_size}: only 1 is supported")
 
   @property
   def head_dim(self) -> int:
@@ -155,7 +156,7 @@ class VisionConfig(HFConfig):
   def from_hf(cls, d: dict, **overrides) -> "VisionConfig":
     for k in ("image_size", "patch_size"):
       if isinstance(d.get(k), (list, tuple)):
-        raise ValueError(f"VisionConfig.{k}={d[k]!r}: only a single int is supported")
+        raise UserError(f"VisionConfig.{k}={d[k]!r}: only a single int is supported")
     return super().from_hf(d, **overrides)
 
 
@@ -193,30 +194,30 @@ class ARConfig:
   def __post_init__(self):
     t = self.text
     if self.vq.latent_channels != self.vision.hidden_size:
-      raise ValueError(f"VQConfig.latent_channels={self.vq.latent_channels} must equal the vision "
-                       f"hidden_size={self.vision.hidden_size} (the quantizer reads the encoder output)")
+      raise UserError(f"VQConfig.latent_channels={self.vq.latent_channels} must equal the vision "
+                      f"hidden_size={self.vision.hidden_size} (the quantizer reads the encoder output)")
     if self.vq.num_embeddings > t.vision_vocab_size:
-      raise ValueError(f"VQConfig.num_embeddings={self.vq.num_embeddings} exceeds "
-                       f"text vision_vocab_size={t.vision_vocab_size}")
+      raise UserError(f"VQConfig.num_embeddings={self.vq.num_embeddings} exceeds "
+                      f"text vision_vocab_size={t.vision_vocab_size}")
     for name in ("image_token_id", "image_start_token_id", "image_end_token_id"):
       value = getattr(self, name)
       if not 0 <= value < t.vocab_size:
-        raise ValueError(f"ARConfig.{name}={value} is outside the vocabulary [0, {t.vocab_size})")
+        raise UserError(f"ARConfig.{name}={value} is outside the vocabulary [0, {t.vocab_size})")
     # The sampler feeds sampled lm_head ids straight back as input ids, so the start/end
     # markers must be inside the vision vocabulary, above the codebook ids.
     for name in ("image_start_token_id", "image_end_token_id"):
       value = getattr(self, name)
       if not self.vq.num_embeddings <= value < t.vision_vocab_size:
-        raise ValueError(f"ARConfig.{name}={value} must lie in [{self.vq.num_embeddings}, {t.vision_vocab_size})")
+        raise UserError(f"ARConfig.{name}={value} must lie in [{self.vq.num_embeddings}, {t.vision_vocab_size})")
 
   @classmethod
   def from_hf(cls, config_dict: dict, **overrides) -> "ARConfig":
     """From `vision_language_encoder/config.json` as a dict; `overrides` set runtime fields."""
     if not isinstance(config_dict, dict):
-      raise ValueError(f"config_dict must be a dict, got {type(config_dict).__name__}")
+      raise UserError(f"config_dict must be a dict, got {type(config_dict).__name__}")
     model_type = config_dict.get("model_type", "glm_image")
     if model_type != "glm_image":
-      raise ValueError(f"model_type={model_type!r}, expected 'glm_image'")
+      raise UserError(f"model_type={model_type!r}, expected 'glm_image'")
     bad = sorted(set(overrides) - {"dtype", "param_dtype", "remat"})
     if bad:
       raise ValueError(f"overrides {bad} are not runtime fields (dtype, param_dtype, remat)")

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from glmrl.errors import UserError
 from glmrl.models.config_fields import HFConfig, check_positive_ints
 
 MODEL_TYPE = "image_reward"
@@ -39,11 +40,11 @@ class BlipVisionConfig:
     check_positive_ints(self, ("hidden_size", "num_hidden_layers", "num_attention_heads", "image_size",
                                "patch_size", "num_channels"))
     if self.hidden_size % self.num_attention_heads:
-      raise ValueError(f"BlipVisionConfig.hidden_size={self.hidden_size} is not divisible by "
-                       f"num_attention_heads={self.num_attention_heads}")
+      raise UserError(f"BlipVisionConfig.hidden_size={self.hidden_size} is not divisible by "
+                      f"num_attention_heads={self.num_attention_heads}")
     if self.image_size % self.patch_size:
-      raise ValueError(f"BlipVisionConfig.image_size={self.image_size} is not a multiple of "
-                       f"patch_size={self.patch_size}")
+      raise UserError(f"BlipVisionConfig.image_size={self.image_size} is not a multiple of "
+                      f"patch_size={self.patch_size}")
 
   @property
   def intermediate_size(self) -> int:
@@ -80,8 +81,8 @@ class BlipTextConfig:
     check_positive_ints(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads", "max_position_embeddings", "encoder_width"))
     if self.hidden_size % self.num_attention_heads:
-      raise ValueError(f"BlipTextConfig.hidden_size={self.hidden_size} is not divisible by "
-                       f"num_attention_heads={self.num_attention_heads}")
+      raise UserError(f"BlipTextConfig.hidden_size={self.hidden_size} is not divisible by "
+                      f"num_attention_heads={self.num_attention_heads}")
 
   @property
   def head_dim(self) -> int:
@@ -107,33 +108,33 @@ class ImageRewardConfig(HFConfig):
     object.__setattr__(self, "head_hidden", tuple(self.head_hidden))
     check_positive_ints(self, ("max_prompt_tokens",))
     if self.text.encoder_width != self.vision.hidden_size:
-      raise ValueError(f"the text encoder's encoder_width={self.text.encoder_width} must be the ViT's "
-                       f"hidden_size={self.vision.hidden_size}")
+      raise UserError(f"the text encoder's encoder_width={self.text.encoder_width} must be the ViT's "
+                      f"hidden_size={self.vision.hidden_size}")
     if self.max_prompt_tokens > self.text.max_position_embeddings:
-      raise ValueError(f"max_prompt_tokens={self.max_prompt_tokens} exceeds the text encoder's "
-                       f"max_position_embeddings={self.text.max_position_embeddings}")
+      raise UserError(f"max_prompt_tokens={self.max_prompt_tokens} exceeds the text encoder's "
+                      f"max_position_embeddings={self.text.max_position_embeddings}")
     if not self.std > 0:
-      raise ValueError(f"ImageRewardConfig.std={self.std!r} must be positive")
+      raise UserError(f"ImageRewardConfig.std={self.std!r} must be positive")
 
   @classmethod
   def from_hf(cls, d: dict, **overrides) -> "ImageRewardConfig":
     """From the config.json `python -m checkpoints_convert.image_reward` writes."""
     if not isinstance(d, dict) or d.get("model_type") != MODEL_TYPE:
-      raise ValueError(f"model_type={d.get('model_type') if isinstance(d, dict) else d!r}, expected "
-                       f"{MODEL_TYPE!r} (a folder written by python -m checkpoints_convert.image_reward)")
+      raise UserError(f"model_type={d.get('model_type') if isinstance(d, dict) else d!r}, expected "
+                      f"{MODEL_TYPE!r} (a folder written by python -m checkpoints_convert.image_reward)")
     bad = sorted(set(overrides) - set(cls.RUNTIME))
     if bad:
       raise ValueError(f"overrides {bad} are not runtime fields {cls.RUNTIME}")
     known = {f.name for f in dataclasses.fields(cls)} - set(cls.RUNTIME)
     unknown = sorted(set(d) - known - {"model_type"})
     if unknown:
-      raise ValueError(f"image_reward config: unknown key(s) {unknown}")
+      raise UserError(f"image_reward config: unknown key(s) {unknown}")
     values = {k: v for k, v in d.items() if k in known}
     for name, sub in (("vision", BlipVisionConfig), ("text", BlipTextConfig)):
       try:
         values[name] = sub(**d.get(name, {}))
       except TypeError as e:  # an unknown field
-        raise ValueError(f"image_reward config {name!r}: {e}") from None
+        raise UserError(f"image_reward config {name!r}: {e}") from None
     return cls(**values, **overrides)
 
   def to_hf(self) -> dict:

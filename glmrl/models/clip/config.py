@@ -14,6 +14,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from glmrl.errors import UserError
 from glmrl.models.config_fields import HFConfig, check_positive_ints
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -61,12 +62,12 @@ class ClipTextConfig(HFConfig):
     check_positive_ints(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                           "num_attention_heads", "max_position_embeddings"))
     if self.hidden_size % self.num_attention_heads:
-      raise ValueError(f"ClipTextConfig.hidden_size={self.hidden_size} is not divisible by "
-                       f"num_attention_heads={self.num_attention_heads}")
+      raise UserError(f"ClipTextConfig.hidden_size={self.hidden_size} is not divisible by "
+                      f"num_attention_heads={self.num_attention_heads}")
     if self.hidden_act not in ACTIVATIONS:
-      raise ValueError(f"ClipTextConfig.hidden_act={self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+      raise UserError(f"ClipTextConfig.hidden_act={self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
     if isinstance(self.eos_token_id, (list, tuple)):
-      raise ValueError(f"ClipTextConfig.eos_token_id={self.eos_token_id!r}: a single id is expected")
+      raise UserError(f"ClipTextConfig.eos_token_id={self.eos_token_id!r}: a single id is expected")
 
   @property
   def head_dim(self) -> int:
@@ -92,16 +93,16 @@ class ClipVisionConfig(HFConfig):
   def __post_init__(self):
     for name in ("image_size", "patch_size"):
       if isinstance(getattr(self, name), (list, tuple)):
-        raise ValueError(f"ClipVisionConfig.{name}={getattr(self, name)!r}: only a single int is supported")
+        raise UserError(f"ClipVisionConfig.{name}={getattr(self, name)!r}: only a single int is supported")
     check_positive_ints(self, ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                           "num_channels", "image_size", "patch_size"))
     if self.hidden_size % self.num_attention_heads:
-      raise ValueError(f"ClipVisionConfig.hidden_size={self.hidden_size} is not divisible by "
-                       f"num_attention_heads={self.num_attention_heads}")
+      raise UserError(f"ClipVisionConfig.hidden_size={self.hidden_size} is not divisible by "
+                      f"num_attention_heads={self.num_attention_heads}")
     if self.patch_size > self.image_size:
-      raise ValueError(f"ClipVisionConfig.patch_size={self.patch_size} exceeds image_size={self.image_size}")
+      raise UserError(f"ClipVisionConfig.patch_size={self.patch_size} exceeds image_size={self.image_size}")
     if self.hidden_act not in ACTIVATIONS:
-      raise ValueError(f"ClipVisionConfig.hidden_act={self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+      raise UserError(f"ClipVisionConfig.hidden_act={self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
 
   @property
   def head_dim(self) -> int:
@@ -135,10 +136,10 @@ class ClipConfig:
   def from_hf(cls, config_dict: dict, **overrides) -> "ClipConfig":
     """From a `CLIPModel` config.json as a dict; `overrides` set dtype / param_dtype."""
     if not isinstance(config_dict, dict):
-      raise ValueError(f"config_dict must be a dict, got {type(config_dict).__name__}")
+      raise UserError(f"config_dict must be a dict, got {type(config_dict).__name__}")
     model_type = config_dict.get("model_type", "clip")
     if model_type != "clip":
-      raise ValueError(f"model_type={model_type!r}, expected 'clip' (a transformers CLIPModel config)")
+      raise UserError(f"model_type={model_type!r}, expected 'clip' (a transformers CLIPModel config)")
     bad = sorted(set(overrides) - {"dtype", "param_dtype"})
     if bad:
       raise ValueError(f"overrides {bad} are not runtime fields (dtype, param_dtype)")

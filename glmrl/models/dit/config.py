@@ -8,6 +8,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from glmrl.errors import UserError
 from glmrl.models.config_fields import HFConfig, check_positive_ints
 from glmrl.models.dit import attention
 
@@ -67,11 +68,11 @@ class DiTConfig(HFConfig):
     check_positive_ints(self, HF_FIELDS)
     # 2D RoPE splits each head into a height and a width half, each rotated in pairs.
     if self.attention_head_dim % 4:
-      raise ValueError(f"DiTConfig.attention_head_dim={self.attention_head_dim} must be divisible by 4")
+      raise UserError(f"DiTConfig.attention_head_dim={self.attention_head_dim} must be divisible by 4")
     if isinstance(self.attention_block, bool) or not isinstance(self.attention_block, int) or self.attention_block < 1:
-      raise ValueError(f"DiTConfig.attention_block={self.attention_block!r} must be a positive int")
+      raise UserError(f"DiTConfig.attention_block={self.attention_block!r} must be a positive int")
     if self.attention_impl not in _VALID_ATTENTION_IMPLS:
-      raise ValueError(f"DiTConfig.attention_impl={self.attention_impl!r} must be one of {_VALID_ATTENTION_IMPLS}")
+      raise UserError(f"DiTConfig.attention_impl={self.attention_impl!r} must be one of {_VALID_ATTENTION_IMPLS}")
 
   @property
   def inner_dim(self) -> int:
@@ -91,17 +92,17 @@ class DiTConfig(HFConfig):
   def from_hf(cls, config_dict: dict, **overrides) -> "DiTConfig":
     """From `transformer/config.json` as a dict; `overrides` set runtime fields (dtype, ...)."""
     if not isinstance(config_dict, dict):
-      raise ValueError(f"config_dict must be a dict, got {type(config_dict).__name__}")
+      raise UserError(f"config_dict must be a dict, got {type(config_dict).__name__}")
     class_name = config_dict.get("_class_name", HF_CLASS_NAME)
     if class_name != HF_CLASS_NAME:
-      raise ValueError(f"_class_name={class_name!r}, expected {HF_CLASS_NAME!r}")
+      raise UserError(f"_class_name={class_name!r}, expected {HF_CLASS_NAME!r}")
     unknown = sorted(k for k in config_dict if not k.startswith("_") and k not in HF_FIELDS)
     if unknown:
       # diffusers ignores unexpected config keys too; none of them changes the architecture.
       logging.warning("DiTConfig.from_hf ignores unknown keys %s", unknown)
     bad = sorted(set(overrides) & set(HF_FIELDS))
     if bad:
-      raise ValueError(f"overrides {bad} are HF fields: put them in config_dict")
+      raise UserError(f"overrides {bad} are HF fields: put them in config_dict")
     values = {k: config_dict.get(k, _HF_DEFAULTS[k]) for k in HF_FIELDS}
     return cls(**values, **overrides)
 

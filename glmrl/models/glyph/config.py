@@ -7,6 +7,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from glmrl.errors import UserError
 from glmrl.models.config_fields import HFConfig
 
 # Activation names transformers' ACT2FN accepts here. "gated-gelu" means the tanh-approximate
@@ -41,12 +42,12 @@ class T5EncoderConfig(HFConfig):
   def __post_init__(self):
     parts = self.feed_forward_proj.split("-")
     if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated") or parts[-1] not in ACTIVATIONS:
-      raise ValueError(f"feed_forward_proj={self.feed_forward_proj!r} is not supported "
-                       f"(expected '<act>' or 'gated-<act>' with act in {ACTIVATIONS})")
+      raise UserError(f"feed_forward_proj={self.feed_forward_proj!r} is not supported "
+                      f"(expected '<act>' or 'gated-<act>' with act in {ACTIVATIONS})")
     for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads",
                  "relative_attention_num_buckets", "relative_attention_max_distance"):
       if getattr(self, name) < 1:
-        raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        raise UserError(f"{name}={getattr(self, name)} must be >= 1")
 
   @property
   def is_gated(self) -> bool:

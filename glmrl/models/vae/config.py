@@ -7,6 +7,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from glmrl.errors import UserError
+
 _DOWN = "DownEncoderBlock2D"
 _UP = "UpDecoderBlock2D"
 
@@ -56,16 +58,16 @@ class VAEConfig:
         v = tuple(float(x) for x in v)
         object.__setattr__(self, name, v)
         if len(v) != self.latent_channels:
-          raise ValueError(f"{name} has {len(v)} entries, expected latent_channels={self.latent_channels}")
+          raise UserError(f"{name} has {len(v)} entries, expected latent_channels={self.latent_channels}")
     if not self.block_out_channels:
-      raise ValueError("block_out_channels must not be empty")
+      raise UserError("block_out_channels must not be empty")
     for c in self.block_out_channels:
       if c % self.norm_num_groups:
-        raise ValueError(f"block_out_channels entry {c} is not divisible by norm_num_groups={self.norm_num_groups}")
+        raise UserError(f"block_out_channels entry {c} is not divisible by norm_num_groups={self.norm_num_groups}")
     if self.band_rows < 1:
-      raise ValueError(f"band_rows={self.band_rows} must be >= 1")
+      raise UserError(f"band_rows={self.band_rows} must be >= 1")
     if self.layers_per_block < 1:
-      raise ValueError(f"layers_per_block={self.layers_per_block} must be >= 1")
+      raise UserError(f"layers_per_block={self.layers_per_block} must be >= 1")
 
   @property
   def scale_factor(self) -> int:
@@ -89,14 +91,14 @@ class VAEConfig:
   def from_hf(cls, config: dict[str, Any], **overrides) -> "VAEConfig":
     act = config.get("act_fn", "silu")
     if act != "silu":
-      raise ValueError(f"act_fn={act!r} is not supported (only 'silu')")
+      raise UserError(f"act_fn={act!r} is not supported (only 'silu')")
     n = len(config.get("block_out_channels", (64,)))
     down = tuple(config.get("down_block_types", (_DOWN,)))
     up = tuple(config.get("up_block_types", (_UP,)))
     if down != (_DOWN,) * n:
-      raise ValueError(f"down_block_types={down} is not supported (only {_DOWN} x {n})")
+      raise UserError(f"down_block_types={down} is not supported (only {_DOWN} x {n})")
     if up != (_UP,) * n:
-      raise ValueError(f"up_block_types={up} is not supported (only {_UP} x {n})")
+      raise UserError(f"up_block_types={up} is not supported (only {_UP} x {n})")
     # AutoencoderKL's own defaults, for keys a config.json leaves out.
     kw = dict(in_channels=3, out_channels=3, block_out_channels=(64,), layers_per_block=1,
               latent_channels=4, norm_num_groups=32, mid_block_add_attention=True,
@@ -106,7 +108,7 @@ class VAEConfig:
       if k in config:
         kw[k] = config[k]
     if isinstance(kw["sample_size"], (list, tuple)):
-      raise ValueError(f"sample_size={kw['sample_size']!r}: only an int is supported")
+      raise UserError(f"sample_size={kw['sample_size']!r}: only an int is supported")
     kw.update(overrides)
     return cls(**kw)
 
