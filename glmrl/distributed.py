@@ -231,9 +231,9 @@ BARRIER_TIMEOUT_S = 1800
 def barrier(name: str) -> None:
   """Every process waits here for the others, through the coordination service (no device collective).
 
-  On CPUs the first cross-process collective sets up gloo, whose rendezvous gives a late peer 30 s: two processes
-  sharing two cores built their models 41 s apart and failed there. Meeting here first starts that rendezvous
-  together."""
+  On CPUs the first cross-process collective sets up gloo, whose rendezvous gives a late peer 30 s, less than
+  processes sharing few cores may take apart to build their models (docs/benchmarks.md, "Measurements behind the
+  library's defaults"). Meeting here first starts that rendezvous together."""
   if jax.process_count() > 1:
     _client().wait_at_barrier(f"glmrl: {name}", BARRIER_TIMEOUT_S * 1000)
 

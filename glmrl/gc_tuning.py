@@ -2,10 +2,9 @@
 
 Tracing and lowering allocate Python objects by the million (tracers, jaxpr equations, MLIR wrappers), nearly all of
 them freed by reference counting alone; at Python's default thresholds (a young-generation collection every 700 net
-allocations) the collector still walks them over and over: 7% of the demo's first three steps (1.3 s of 17.7 s,
-cache off) and 16% of the policy and sampling tests in one process (12.5 s of ~78 s), by `gc.callbacks`. Every
-10,000 net allocations, the same runs spent 0.3 s and 6.1 s in it, peak memory within 3% (1.21 against 1.18 GB
-for the demo). The demo's three steps, three runs each way interleaved on 2 cores: 15.2-16.3 s against 16.0-17.2 s.
+allocations) the collector still walks them over and over. A young collection every 10,000 net allocations spends a
+fraction of that time at the same peak memory (the figures: docs/benchmarks.md, "Measurements behind the library's
+defaults").
 """
 
 import gc

@@ -24,7 +24,8 @@ from glmrl.sampling.pipeline import check_decode_batch, decode_chunk
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
-  """See the module docstring. `config` is a copy once an `auto` was resolved (the user's stays as given)."""
+  """See the module docstring. `config` is the plan's own copy (`draft`): what the user's object becomes later
+  changes no plan, and a resolved `auto` is written into a further copy (`resolve`)."""
   config: Any
   platform: str  # what the programs run on ("tpu" for --mode=compile's slices)
   configs: glm_image.GlmImageConfigs
@@ -71,6 +72,7 @@ def draft(config, platform: str | None = None) -> RunPlan:
   """The plan of `config` on `platform` (default: this process's backend) before `auto` is resolved for the
   devices' memory: the rewards, the rollout and the batch split (`check_batch`) are decided already."""
   platform = platform or jax.default_backend()
+  config = config.copy_and_resolve_references()
   policies = registry.trained(config)
   return RunPlan(config, platform, model_configs(config, platform, policies), policies,
                  registry.shared_request(policies))

@@ -2,8 +2,8 @@
 
 `jax.random.normal(key, shape)` and the draw of shape (n,) reshaped to `shape` hold the same values (JAX's
 partitionable Threefry, the default since JAX 0.5, hashes each element's row-major index, and the transform is
-elementwise), but XLA:CPU compiles a draw of rank 3 or 4 several times more slowly: (16, 16, 8, 9) in 1.9 s against
-0.15 s flat, the SDE window's vmapped (16, 8, 8) noise in 0.69 s against 0.17 s (jax 0.10.2, AMD EPYC, cache off).
+elementwise), but XLA:CPU compiles a draw of rank 3 or 4 several times more slowly (docs/benchmarks.md,
+"Measurements behind the library's defaults").
 """
 
 import math

@@ -73,3 +73,10 @@ def test_decoder_policy_rematerialises_the_dit_with_model_remat():
   assert not plan.model_configs(decoupled_config(model__remat=False)).dit.remat
   # Without the decoder policy the DiT is never differentiated: its programs stay as they were.
   assert not plan.model_configs(tiny_config(model__remat=True)).dit.remat
+
+
+def test_a_plan_holds_its_own_config():
+  config = tiny_config(data__prompts_per_step=3)
+  drafted = plan.draft(config)
+  config.data.prompts_per_step = 5  # what the caller does with its object later
+  assert drafted.config is not config and drafted.config.data.prompts_per_step == 3

@@ -37,9 +37,9 @@ except ImportError as e:  # the server reports it in one line
 MIN_CONFIDENCE = 0.5
 
 # The detector sees the image at most 960 pixels on its longer side (PaddleOCR's default; rapidocr's own scales the
-# shorter side up to 736, which made a 640 x 160 render 4.6 x larger and its read 7x slower: 1.39 s against 0.20 s
-# per image on 40 clean renders, the same words read). Its text boxes are grown 2.0x their area-to-perimeter
-# ratio (rapidocr 1.6): tightly set words then keep their spaces, 0.983 word accuracy on those renders against 0.917.
+# shorter side up, which enlarges a wide render several times and slows its read as much, the same words read).
+# Its text boxes are grown 2.0x their area-to-perimeter ratio (rapidocr 1.6): tightly set words then keep their
+# spaces. The figures of both: docs/benchmarks.md, "Measurements behind the library's defaults".
 _ENGINE = RapidOCR(det_limit_type="max", det_limit_side_len=960, det_unclip_ratio=2.0)
 _LOCK = threading.Lock()  # one ONNX Runtime session pair, not documented as safe to share across threads
 
