@@ -36,10 +36,6 @@ def get_config(arg=None):
   c.data.prompts_per_step = 2
   c.decoder.group_size = 8
   c.decoder.train_steps = 4
-  c.decoder.window_size = 2
-  c.decoder.window_start = -1
-  # Of 4 steps the first half is the window itself; let it start anywhere but hold the final step.
-  c.decoder.window_range = (0, 3)
   c.decoder.lora.rank = 8
   c.decoder.lora.alpha = 16.0
   c.decoder.optim.learning_rate = 3e-2  # every algorithm's demo: the same rate
@@ -47,6 +43,11 @@ def get_config(arg=None):
   # the decoder can raise on its own, as the report gives the decoder the high-frequency rewards).
   c.decoder.rewards = ({"name": "saturation", "weight": 1.0},)
   c.decoder.algorithm = "flow_grpo" if algorithm in ("cps", "guard") else algorithm
+  if c.decoder.algorithm == "flow_grpo":  # its SDE window (nft, awm and dgpo draw the steps they train)
+    c.decoder.window_size = 2
+    c.decoder.window_start = -1
+    # Of 4 steps the first half is the window itself; let it start anywhere but hold the final step.
+    c.decoder.window_range = (0, 3)
   if algorithm == "cps":
     c.decoder.sde_type = "cps"
     c.decoder.noise_level = 0.8

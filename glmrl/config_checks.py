@@ -301,14 +301,35 @@ def _check_rewards(rewards, where: str = "config.rewards", need_kwargs: bool = T
 
 
 def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
-  """The decoder policy's fields that span several (its window within its steps, what it cannot train yet)."""
+  """The decoder policy's fields that span several (its window within its steps, what it cannot train yet); a key
+  its algorithm does not read was refused before (`READ_WHEN`)."""
   _check_rewards(cfg.decoder.get("rewards"), "config.decoder.rewards", need_kwargs)
-  steps, size, start = values["decoder.train_steps"], values["decoder.window_size"], values["decoder.window_start"]
+  algorithm, steps = values["decoder.algorithm"], values["decoder.train_steps"]
+  if algorithm == "flow_grpo":
+    _check_window(values, steps)
+  else:
+    _check_draw(values, steps)
+  every = values["decoder.ema.every"]
+  _check(algorithm != "nft" or every >= 1, "config.decoder.ema.every", every,
+         "decoder.algorithm='nft' samples with and contrasts against the moving average (its old policy): set it "
+         ">= 1")
+  _check(values["decoder.ema_beta"] == 0 or every >= 1, "config.decoder.ema.every", every,
+         f"config.decoder.ema_beta={values['decoder.ema_beta']} anchors to the moving average: set it >= 1")
+  _check(not values["decoder.dgpo_clip_dsm"] or every >= 1, "config.decoder.ema.every", every,
+         "config.decoder.dgpo_clip_dsm clips against the moving average (DGPO's ema_ref): set it >= 1")
+  _check(values["data.mode"] == "t2i", "config.data.mode", values["data.mode"],
+         f"the decoder policy (config.train.policies={values['train.policies']!r}) trains text-to-image only: its "
+         "update does not read the condition images' DiT cache yet")
+
+
+def _check_window(values, steps: int) -> None:
+  """flow_grpo's SDE window within its denoising steps, and what its log-prob needs."""
+  size, start = values["decoder.window_size"], values["decoder.window_start"]
   _check(size <= steps, "config.decoder.window_size", size,
          f"must be <= config.decoder.train_steps={steps} (the SDE window lies within the denoising steps)")
   _check(start <= steps - size, "config.decoder.window_start", start,
          f"must be -1 or in [0, {steps - size}] (train_steps - window_size): the window ends within the steps")
-  if start == -1 and values["decoder.algorithm"] == "flow_grpo":
+  if start == -1:
     lo, hi = tuple(values["decoder.window_range"])
     _check(lo + size <= steps - 1, "config.decoder.window_range", (lo, hi),
            f"a random window (window_start=-1) of window_size={size} from step {lo} would hold the final step of "
@@ -319,26 +340,25 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
   slide = values["decoder.window_slide_every"]
   _check(slide == 0 or start == -1, "config.decoder.window_slide_every", slide,
          f"a sliding window moves its start; config.decoder.window_start={start} fixes it (pass one of them)")
-  for key in ("decoder.window_slide_every", "decoder.ratio_norm"):
-    _check(not values[key] or values["decoder.algorithm"] == "flow_grpo", f"config.{key}", values[key],
-           f"is flow_grpo's (SDE windows); config.decoder.algorithm={values['decoder.algorithm']!r} has none")
   if values["decoder.logprob"] == "flow_grpo":
-    _check(values["decoder.sde_type"] == "cps" and values["decoder.algorithm"] == "flow_grpo",
-           "config.decoder.logprob", "flow_grpo", "is Flow-GRPO's log-prob of a CPS step: it needs "
-           "decoder.algorithm='flow_grpo' and decoder.sde_type='cps'")
+    _check(values["decoder.sde_type"] == "cps", "config.decoder.logprob", "flow_grpo",
+           "is Flow-GRPO's log-prob of a CPS step: it needs decoder.sde_type='cps'")
     _check(not values["decoder.ratio_norm"], "config.decoder.logprob", "flow_grpo",
            "GRPO-Guard's normalised ratio (decoder.ratio_norm) is derived for the density; use logprob='density'")
-  if values["decoder.sde_type"] == "cps" and values["decoder.algorithm"] == "flow_grpo":
+  if values["decoder.sde_type"] == "cps":
     _check(size <= steps - 1, "config.decoder.window_size", size,
            f"must be <= config.decoder.train_steps - 1 = {steps - 1} with decoder.sde_type='cps' (its final step "
            "has no noise: the window ends before it)")
     _check(start <= steps - size - 1, "config.decoder.window_start", start,
            f"must be -1 or in [0, {steps - size - 1}] with decoder.sde_type='cps' (its final step has no noise: "
            "the window ends before it)")
-  _check(values["decoder.train_timesteps"] <= steps, "config.decoder.train_timesteps",
-         values["decoder.train_timesteps"], f"must be <= config.decoder.train_steps={steps} (distinct steps of the "
-         "rollout's schedule per image)")
+
+
+def _check_draw(values, steps: int) -> None:
+  """How nft, awm and dgpo draw the steps they train, within the rollout's schedule."""
   draw, slots = values["decoder.timestep_draw"], values["decoder.train_timesteps"]
+  _check(slots <= steps, "config.decoder.train_timesteps", slots, f"must be <= config.decoder.train_steps={steps} "
+         "(distinct steps of the rollout's schedule per image)")
   if draw == "high_noise":
     high = values["decoder.high_noise_steps"]
     _check(1 <= high <= steps, "config.decoder.high_noise_steps", high,
@@ -351,32 +371,6 @@ def _check_decoder(cfg, values, need_kwargs: bool = True) -> None:
     _check(1 <= slots <= top - 1, "config.decoder.train_timesteps", slots,
            f"must be in [1, {top - 1}] with decoder.timestep_draw='stratified' (one step per stratum of steps 1 .. "
            f"int(train_steps x stratified_fraction) = {top})")
-  algorithm, every = values["decoder.algorithm"], values["decoder.ema.every"]
-  _check(algorithm != "nft" or every >= 1, "config.decoder.ema.every", every,
-         "decoder.algorithm='nft' samples with and contrasts against the moving average (its old policy): set it "
-         ">= 1")
-  _check(values["decoder.ema_beta"] == 0 or every >= 1, "config.decoder.ema.every", every,
-         f"config.decoder.ema_beta={values['decoder.ema_beta']} anchors to the moving average: set it >= 1")
-  _check(values["decoder.ema_beta"] == 0 or algorithm != "flow_grpo", "config.decoder.ema_beta",
-         values["decoder.ema_beta"], "anchors nft's and awm's velocity to the moving average; flow_grpo has no such "
-         "term (its anchor is decoder.beta)")
-  for key, off in (("decoder.awm_weighting", "uniform"), ("decoder.advantage_max", 0.0)):
-    _check(values[key] == off or algorithm == "awm", f"config.{key}", values[key],
-           f"is awm's; config.decoder.algorithm={algorithm!r} does not read it")
-  _check(values["decoder.loss_guidance"] == 0 or algorithm != "flow_grpo", "config.decoder.loss_guidance",
-         values["decoder.loss_guidance"], "flow_grpo's loss is the log-probability of its rollout's own steps, at "
-         "decoder.train_guidance; nft, awm and dgpo read it")
-  _check(not values["decoder.dgpo_clip_dsm"] or algorithm == "dgpo", "config.decoder.dgpo_clip_dsm", True,
-         f"is dgpo's; config.decoder.algorithm={algorithm!r} does not read it")
-  _check(not values["decoder.dgpo_clip_dsm"] or every >= 1, "config.decoder.ema.every", every,
-         "config.decoder.dgpo_clip_dsm clips against the moving average (DGPO's ema_ref): set it >= 1")
-  for key, off in (("decoder.timestep_draw", "uniform"), ("decoder.timestep_sharing", "image")):
-    _check(values[key] == off or algorithm != "flow_grpo", f"config.{key}", values[key],
-           "is how nft, awm and dgpo draw the steps they train; flow_grpo trains its rollout's own steps "
-           "(decoder.window_*)")
-  _check(values["data.mode"] == "t2i", "config.data.mode", values["data.mode"],
-         f"the decoder policy (config.train.policies={values['train.policies']!r}) trains text-to-image only: its "
-         "update does not read the condition images' DiT cache yet")
 
 
 def check_use_ema(cfg, mode: str) -> None:
@@ -393,13 +387,30 @@ def _check_file(key: str, path: str) -> None:
   _check(os.path.isfile(path), key, path, "no such file")
 
 
-# Settings read only under a condition: (keys, the setting that decides, is it read given that setting's value,
-# what reads them). A key set away from its default (configs/common.py) where nothing reads it is refused in one
-# line naming what would: a setting that does nothing is a mistake the run would never show. One rule for every
-# section (docs/training.md); the older checks above name their own reasons for the decoder's keys.
+# Settings read only under a condition: (keys, the setting(s) that decide, is it read given that setting's value
+# (their values' tuple where several decide), what reads them). A key set away from its default (configs/common.py)
+# where nothing reads it is refused in one line naming what would: a setting that does nothing is a mistake the run
+# would never show. One rule for every section (docs/training.md); the first row that refuses a key names it.
+_FLOW_GRPO_ONLY = ("decoder.window_size", "decoder.window_range", "decoder.window_start", "decoder.window_slide_every",
+                   "decoder.window_slide_stride", "decoder.window_slide_roll_back", "decoder.ratio_norm",
+                   "decoder.sde_type", "decoder.noise_level", "decoder.logprob")
+# What nft, awm and dgpo read and flow_grpo does not: how they draw the steps they train (flow_grpo trains its
+# rollout's own steps, decoder.window_*), the loss's own guidance, the velocity anchor to the moving average.
+_MATCHING_ONLY = ("decoder.train_timesteps", "decoder.timestep_draw", "decoder.timestep_sharing",
+                  "decoder.loss_guidance", "decoder.ema_beta")
 READ_WHEN = (
+    (tuple(k for k in RULES if k.startswith("decoder.")), "train.policies", lambda p: "decoder" in p.split("+"),
+     "the decoder policy (train.policies='decoder' or 'ar+decoder')"),
+    (_FLOW_GRPO_ONLY, "decoder.algorithm", lambda a: a == "flow_grpo", "decoder.algorithm='flow_grpo'"),
+    (_MATCHING_ONLY, "decoder.algorithm", lambda a: a != "flow_grpo", "decoder.algorithm 'nft', 'awm' or 'dgpo'"),
+    (("decoder.clip_range",), ("decoder.algorithm", "decoder.dgpo_clip_dsm"),
+     lambda v: v[0] in ("flow_grpo", "awm") or (v[0] == "dgpo" and v[1]),
+     "decoder.algorithm 'flow_grpo' or 'awm', or 'dgpo' with decoder.dgpo_clip_dsm=True"),
     (("decoder.nft_beta",), "decoder.algorithm", lambda a: a == "nft", "decoder.algorithm='nft'"),
-    (("decoder.dgpo_beta",), "decoder.algorithm", lambda a: a == "dgpo", "decoder.algorithm='dgpo'"),
+    (("decoder.dgpo_beta", "decoder.dgpo_clip_dsm"), "decoder.algorithm", lambda a: a == "dgpo",
+     "decoder.algorithm='dgpo'"),
+    (("decoder.awm_weighting", "decoder.advantage_max"), "decoder.algorithm", lambda a: a == "awm",
+     "decoder.algorithm='awm'"),
     (("decoder.awm_ghuber_power",), "decoder.awm_weighting", lambda w: w == "ghuber",
      "decoder.awm_weighting='ghuber'"),
     (("decoder.high_noise_steps",), "decoder.timestep_draw", lambda d: d == "high_noise",
@@ -414,22 +425,39 @@ READ_WHEN = (
 )
 
 
+def _differs(value, default) -> bool:
+  """Whether `value` is set away from `default` (an int and a float of one number are one setting)."""
+  numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, default))
+  if numbers:
+    return float(value) != float(default)
+  if isinstance(value, (tuple, list)) and isinstance(default, (tuple, list)):
+    return tuple(value) != tuple(default)  # a run's config.json holds lists where the defaults hold tuples
+  return value != default
+
+
+def _shown(decider, setting, mode: str) -> str:
+  if decider == "--mode":
+    return f"--mode={mode}"
+  if isinstance(decider, tuple):
+    return ", ".join(f"config.{k}={v!r}" for k, v in zip(decider, setting))
+  return f"config.{decider}={setting!r}"
+
+
 def _check_read(values: dict, mode: str) -> None:
   from configs import common  # pylint: disable=import-outside-toplevel  (the defaults)
 
   defaults = leaves(common.base_config())
   for keys, decider, is_read, reader in READ_WHEN:
-    setting = mode if decider == "--mode" else values[decider]
+    if decider == "--mode":
+      setting = mode
+    else:
+      setting = tuple(values[k] for k in decider) if isinstance(decider, tuple) else values[decider]
     if is_read(setting):
       continue
     for key in keys:
-      default = defaults[key]
-      value = values[key]
-      if value != default and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                   and isinstance(default, (int, float)) and float(value) == float(default)):
-        shown = f"--mode={mode}" if decider == "--mode" else f"config.{decider}={setting!r}"
-        raise ConfigError(f"config.{key}={value!r} does nothing in this run ({shown}): only {reader} reads it; "
-                          f"leave it at its default {default!r}")
+      if _differs(values[key], defaults[key]):
+        raise ConfigError(f"config.{key}={values[key]!r} does nothing in this run ({_shown(decider, setting, mode)}): "
+                          f"only {reader} reads it; leave it at its default {defaults[key]!r}")
 
 
 def _check_lpips_folder(folder: str) -> None:
@@ -469,6 +497,7 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
     if key in values and not (key in unread and values[key] is None):
       rule.check(f"config.{key}", values[key])
   _check_rewards(cfg.get("rewards"), need_kwargs=mode != "compile")
+  _check_read(values, mode)
 
   _check(not values["grpo.kl_bias_correction"] or values["grpo.beta"] > 0, "config.grpo.kl_bias_correction", True,
          "corrects the KL term, which config.grpo.beta=0 leaves out: set grpo.beta > 0, or leave it False")
@@ -516,7 +545,6 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
          "compares checkpoints in --mode=eval only")
   if values["eval.prompts_file"] and (mode == "eval" or values["eval.interval"]):
     _check_file("config.eval.prompts_file", values["eval.prompts_file"])
-  _check_read(values, mode)
   if values["eval.drift_lpips_dir"] and mode == "eval":
     _check_lpips_folder(values["eval.drift_lpips_dir"])
   if values["log.wandb"]:

@@ -117,8 +117,9 @@ def test_type_rules_back_up_ml_collections():
     ({"window_slide_every": 2, "window_start": 0},
      r"config.decoder.window_slide_every=2: a sliding window moves its start; config.decoder.window_start=0 fixes"),
     ({"window_slide_every": -1}, r"config.decoder.window_slide_every=-1: must be >= 0"),
-    ({"ratio_norm": True, "algorithm": "nft", "ema": {"every": 1}},
-     r"config.decoder.ratio_norm=True: is flow_grpo's \(SDE windows\); config.decoder.algorithm='nft' has none"),
+    ({"ratio_norm": True, "algorithm": "nft", "ema": {"every": 1}, "window_range": (0, 0)},
+     r"config.decoder.ratio_norm=True does nothing in this run \(config.decoder.algorithm='nft'\): only "
+     r"decoder.algorithm='flow_grpo' reads it"),
     ({"window_slide_stride": -2}, r"config.decoder.window_slide_stride=-2: must be >= 0"),
 ])
 def test_sliding_window_and_guard_settings(overrides, message):
@@ -181,3 +182,119 @@ def test_a_config_file_older_than_a_key_is_told_which_key_is_missing():
   with pytest.raises(config_checks.ConfigError, match=r"config.optim.eps is missing \(and 1 more key\(s\)\): the "
                                                       r"config file predates it"):
     config_checks.validate(ml_collections.ConfigDict(old))
+
+
+def _other_value(key, default):
+  """A value of `key` that its rule accepts and that differs from `default` (None when no candidate does)."""
+  rule = config_checks.RULES[key]
+  options = [True, False, 1, 2, 3, 7, 0.5, 0.25, 1.5, 2.0, "ghuber", "cps", "high_noise", "stratified", "batch",
+             "nft", "awm", "dgpo", "flow_grpo", "sde", "density", "shared", "batch", "group", "disabled", "sequence_mask", "x", (0, 1),
+             (1, 3)]
+  if isinstance(default, str):
+    options = [o for o in options if isinstance(o, str)] + [default + "x"]
+  for value in options:
+    try:
+      rule.check(key, value)
+    except config_checks.ConfigError:
+      continue
+    if config_checks._differs(value, default):  # pylint: disable=protected-access
+      return value
+  return None
+
+
+def _draft_reads(config):
+  """The config keys (of RULES) read while the run's plan is drafted: the policies bound to the config."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from glmrl.programs import plan  # pylint: disable=import-outside-toplevel
+
+  reads, parent, getitem = set(), {}, ml_collections.ConfigDict.__getitem__
+
+  def recorded(self, key):
+    value = getitem(self, key)
+    if isinstance(value, ml_collections.ConfigDict):
+      parent[id(value)] = (id(self), key)
+    reads.add((id(self), key))
+    return value
+
+  ml_collections.ConfigDict.__getitem__ = recorded
+  try:
+    plan.draft(config)
+  finally:
+    ml_collections.ConfigDict.__getitem__ = getitem
+
+  def path(node, key):
+    parts = [key]
+    while node in parent:
+      node, k = parent[node]
+      parts.append(k)
+    return ".".join(reversed(parts))
+  return {path(node, key) for node, key in reads} & set(config_checks.RULES)
+
+
+# Runs of each policy and decoder algorithm, and settings that make the conditional readers read.
+_SCENARIOS = ({}, {"train.policies": "decoder"}, {"train.policies": "ar+decoder"},
+              *({"train.policies": "decoder", "decoder.algorithm": a, "decoder.ema.every": 1}
+                for a in ("nft", "awm", "dgpo")),
+              {"train.policies": "decoder", "decoder.algorithm": "awm", "decoder.awm_weighting": "ghuber"},
+              {"train.policies": "decoder", "decoder.algorithm": "dgpo", "decoder.dgpo_clip_dsm": True,
+               "decoder.ema.every": 1},
+              {"train.policies": "decoder", "decoder.algorithm": "dgpo", "decoder.timestep_draw": "high_noise"},
+              {"train.policies": "decoder", "decoder.algorithm": "nft", "decoder.timestep_draw": "stratified",
+               "decoder.ema.every": 1},
+              {"grpo.tis_cap": 2.0}, {"log.wandb": True})
+
+
+def _scenario(settings):
+  cfg = load_config("demo")
+  for key, value in settings.items():
+    section, _, name = key.rpartition(".")
+    node = cfg
+    for part in section.split("."):
+      node = node[part]
+    node[name] = value
+  return cfg
+
+
+def test_the_inert_key_table_claims_every_conditional_key_and_never_refuses_a_read_one():
+  """Walks the key table: every key of the decoder's section is claimed (a run without the decoder policy reads
+  none); each claimed key set away from its default is refused in one line naming its reader in some run and
+  accepted in another; and no key that a run's policies read while binding to its config is refused there."""
+  defaults = config_checks.leaves(common.base_config())
+  claimed = {}
+  for keys, _, _, reader in config_checks.READ_WHEN:
+    for key in keys:
+      claimed.setdefault(key, []).append(reader)
+  decoder_keys = {k for k in config_checks.RULES if k.startswith("decoder.")}
+  assert decoder_keys <= set(claimed), sorted(decoder_keys - set(claimed))
+  assert set(claimed) <= set(config_checks.RULES), sorted(set(claimed) - set(config_checks.RULES))
+
+  def refusal(settings, key, value, mode="train"):
+    values = config_checks.leaves(_scenario({**settings, key: value}))
+    try:
+      config_checks._check_read(values, mode)  # pylint: disable=protected-access
+    except config_checks.ConfigError as e:
+      return str(e)
+    return None
+
+  for key, readers in sorted(claimed.items()):
+    value = _other_value(key, defaults[key])
+    assert value is not None, key
+    results = [refusal(s, key, value) for s in _SCENARIOS] + [refusal({}, key, value, mode="eval")]
+    refused = [r for r in results if r is not None and r.startswith(f"config.{key}=")]
+    assert refused and all("does nothing in this run" in r and "only " in r and "\n" not in r for r in refused), key
+    assert any(f"only {reader} reads it" in r for r in refused for reader in readers), (key, refused)
+    assert None in results, f"config.{key}={value!r} is refused in every run: nothing could ever read it"
+
+  # The policy classes a run binds read their settings when bound: a key read there is read by that policy and
+  # algorithm (a row deciding by a setting's value, e.g. decoder.ema.every, is not seen at binding).
+  binding = ("train.policies", "decoder.algorithm")
+  for settings in _SCENARIOS:
+    values = config_checks.leaves(_scenario(settings))
+    read = _draft_reads(_scenario(settings))
+    for keys, decider, is_read, reader in config_checks.READ_WHEN:
+      deciders = decider if isinstance(decider, tuple) else (decider,)
+      if deciders[0] not in binding:
+        continue
+      setting = tuple(values[k] for k in decider) if isinstance(decider, tuple) else values[decider]
+      wrongly = sorted(k for k in keys if k in read and not is_read(setting))
+      assert not wrongly, f"{settings}: {wrongly} are read by the bound policies, yet only {reader} is said to"

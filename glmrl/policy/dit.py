@@ -99,7 +99,9 @@ class DitPolicy(BoundPolicy, abc.ABC):
     self.request = Request(samples_per_grid=config.decoder.group_size)
     self.train_steps = config.decoder.train_steps   # denoising steps of its rollouts
     self.guidance = train_guidance(config)           # CFG scale of its rollouts
-    self.loss_guidance = loss_guidance(config)       # and of its loss's velocities
+    # The CFG scale of its loss's velocities: its rollouts' (Flow-GRPO's loss is its rollout's own steps' log-prob);
+    # the forward-process policies read decoder.loss_guidance (`glmrl.policy.dit_matching`).
+    self.loss_guidance = self.guidance
 
   def rows_per_prompt(self, request: Request) -> int:
     """Rows of its update per prompt: one per image."""

@@ -189,6 +189,10 @@ class MatchingPolicy(dit.DitPolicy):
   objective = None
   shares_group_noise = False  # a group's images train at the same slots with the same noise (DGPO)
 
+  def __init__(self, config):
+    super().__init__(config)
+    self.loss_guidance = dit.loss_guidance(config)  # decoder.loss_guidance, unset (0) its rollouts' scale
+
   def spec(self, images: int) -> MatchingSpec:
     """The static description of its update on `images` rows."""
     settings = self.settings
