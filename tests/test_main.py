@@ -117,8 +117,30 @@ def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_pat
                                            "(config.log.wandb=False): only W&B logging (log.wandb=True) reads it"),
     (("--config.eval.drift_lpips_dir=/tmp",), "config.eval.drift_lpips_dir='/tmp' does nothing in this run "
                                               "(--mode=train): only --mode=eval reads it"),
+    (("--config=configs/demo_decoder.py", "--config.decoder.loss_guidance=1.0"),
+     "config.decoder.loss_guidance=1.0 does nothing in this run (config.decoder.algorithm='flow_grpo'): only "
+     "decoder.algorithm 'nft', 'awm' or 'dgpo' reads it"),
+    (("--config=configs/demo_decoder.py:awm", "--config.decoder.dgpo_clip_dsm=True"),
+     "config.decoder.dgpo_clip_dsm=True does nothing in this run (config.decoder.algorithm='awm'): only "
+     "decoder.algorithm='dgpo' reads it"),
+    (("--config=configs/demo_decoder.py", "--config.decoder.timestep_sharing=batch"),
+     "config.decoder.timestep_sharing='batch' does nothing in this run (config.decoder.algorithm='flow_grpo'): "
+     "only decoder.algorithm 'nft', 'awm' or 'dgpo' reads it"),
+    (("--config=configs/demo_decoder.py:nft", "--config.decoder.noise_level=0.9"),
+     "config.decoder.noise_level=0.9 does nothing in this run (config.decoder.algorithm='nft'): only "
+     "decoder.algorithm='flow_grpo' reads it"),
+    (("--config=configs/demo_decoder.py:nft", "--config.decoder.clip_range=0.2"),
+     "config.decoder.clip_range=0.2 does nothing in this run (config.decoder.algorithm='nft', "
+     "config.decoder.dgpo_clip_dsm=False): only decoder.algorithm 'flow_grpo' or 'awm', or 'dgpo' with "
+     "decoder.dgpo_clip_dsm=True reads it"),
+    (("--config.decoder.optim.learning_rate=0.001",),
+     "config.decoder.optim.learning_rate=0.001 does nothing in this run (config.train.policies='ar'): only the "
+     "decoder policy (train.policies='decoder' or 'ar+decoder') reads it"),
+    (("--config=configs/demo_decoder.py:dgpo", "--config.train.policies=ar"),
+     "does nothing in this run (config.train.policies='ar'): only the decoder policy"),
 ], ids=["dgpo_beta", "nft_beta", "ghuber_power", "high_noise_steps", "stratified_fraction", "ema_flat", "tis_mode",
-        "wandb_mode", "lpips_dir"])
+        "wandb_mode", "lpips_dir", "loss_guidance", "dgpo_clip_dsm", "timestep_sharing", "noise_level", "clip_range",
+        "decoder_on_ar", "decoder_recipe_on_ar"])
 def test_a_setting_that_nothing_reads_is_refused_in_one_line(flags, message, tmp_path):
   """One rule for every section (glmrl/config_checks.py READ_WHEN); before, each of these passed silently."""
   config = () if any(f.startswith("--config=") for f in flags) else ("--config=configs/demo.py",)
@@ -128,29 +150,26 @@ def test_a_setting_that_nothing_reads_is_refused_in_one_line(flags, message, tmp
 
 
 @pytest.mark.parametrize("flags,message", [
-    (("--config.decoder.algorithm=nft", "--config.decoder.ema.every=0"),
+    (("--config.decoder.algorithm=nft", "--config.decoder.window_range=(0,0)", "--config.decoder.ema.every=0"),
      "config.decoder.ema.every=0: decoder.algorithm='nft' samples with and contrasts against the moving average"),
-    (("--config.decoder.ema_beta=0.1",), "config.decoder.ema.every=0: config.decoder.ema_beta=0.1 anchors to the "
-                                         "moving average"),
-    (("--config.decoder.algorithm=awm", "--config.decoder.train_timesteps=5"),
+    (("--config.decoder.algorithm=awm", "--config.decoder.window_range=(0,0)", "--config.decoder.ema_beta=0.1"),
+     "config.decoder.ema.every=0: config.decoder.ema_beta=0.1 anchors to the moving average"),
+    (("--config.decoder.algorithm=awm", "--config.decoder.window_range=(0,0)", "--config.decoder.train_timesteps=5"),
      "config.decoder.train_timesteps=5: must be <= config.decoder.train_steps=4"),
-    (("--config.decoder.algorithm=dgpo", "--config.decoder.timestep_draw=high_noise"),
+    (("--config.decoder.algorithm=dgpo", "--config.decoder.window_range=(0,0)",
+      "--config.decoder.timestep_draw=high_noise"),
      "config.decoder.high_noise_steps=0: must be in [1, config.decoder.train_steps=4] with "
      "decoder.timestep_draw='high_noise'"),
-    (("--config.decoder.algorithm=dgpo", "--config.decoder.timestep_draw=high_noise",
-      "--config.decoder.high_noise_steps=2", "--config.decoder.train_timesteps=3"),
+    (("--config.decoder.algorithm=dgpo", "--config.decoder.window_range=(0,0)",
+      "--config.decoder.timestep_draw=high_noise", "--config.decoder.high_noise_steps=2",
+      "--config.decoder.train_timesteps=3"),
      "config.decoder.train_timesteps=3: must be <= config.decoder.high_noise_steps=2"),
-    (("--config.decoder.algorithm=awm", "--config.decoder.timestep_draw=stratified"),
+    (("--config.decoder.algorithm=awm", "--config.decoder.window_range=(0,0)",
+      "--config.decoder.timestep_draw=stratified"),
      "config.decoder.train_timesteps=0: must be in [1, 2] with decoder.timestep_draw='stratified' (one step per "
      "stratum of steps 1 .. int(train_steps x stratified_fraction) = 3)"),
-    (("--config.decoder.loss_guidance=1.0",),
-     "config.decoder.loss_guidance=1.0: flow_grpo's loss is the log-probability of its rollout's own steps"),
-    (("--config.decoder.algorithm=awm", "--config.decoder.dgpo_clip_dsm=True"),
-     "config.decoder.dgpo_clip_dsm=True: is dgpo's; config.decoder.algorithm='awm' does not read it"),
-    (("--config.decoder.algorithm=dgpo", "--config.decoder.dgpo_clip_dsm=True"),
+    (("--config.decoder.algorithm=dgpo", "--config.decoder.window_range=(0,0)", "--config.decoder.dgpo_clip_dsm=True"),
      "config.decoder.ema.every=0: config.decoder.dgpo_clip_dsm clips against the moving average"),
-    (("--config.decoder.timestep_sharing=batch",),
-     "config.decoder.timestep_sharing='batch': is how nft, awm and dgpo draw the steps they train; flow_grpo"),
     (("--config.decoder.sde_type=cps", "--config.decoder.window_start=2"),
      "config.decoder.window_start=2: must be -1 or in [0, 1] with decoder.sde_type='cps'"),
     (("--config.decoder.window_start=3",), "config.decoder.window_start=3: must be -1 or in [0, 2]"),
