@@ -9,7 +9,7 @@ import sys
 
 from PIL import Image, ImageDraw
 
-from glmrl.errors import run_command
+from glmrl.errors import UserError, run_command
 from glmrl.logging.images import get_font
 
 _AXIS = (0, 0, 0)
@@ -29,9 +29,9 @@ def read_metric(metrics_jsonl_path: str | os.PathLike, key: str) -> tuple[list[f
       try:
         row = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: bad JSON: {e}") from e
+        raise UserError(f"{path}:{lineno}: bad JSON: {e}") from e
       if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)):
-        raise ValueError(f"{path}:{lineno}: expected an object with a numeric 'step'")
+        raise UserError(f"{path}:{lineno}: expected an object with a numeric 'step'")
       keys_seen.update(row)
       value = row.get(key)
       if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
@@ -40,8 +40,8 @@ def read_metric(metrics_jsonl_path: str | os.PathLike, key: str) -> tuple[list[f
         by_step.pop(row["step"], None)  # a later null overrides an earlier value of that step
   if not by_step:
     close = difflib.get_close_matches(key, sorted(keys_seen - {"step", key}), n=1)
-    raise ValueError(f"{path}: no finite values for key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-                     + f"; keys present: {sorted(keys_seen)}")
+    raise UserError(f"{path}: no finite values for key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                    + f"; keys present: {sorted(keys_seen)}")
   steps = sorted(by_step)
   return [float(s) for s in steps], [by_step[s] for s in steps]
 
@@ -166,8 +166,8 @@ def main(argv=None) -> int:
 
 
 def _usage(args):
-  raise ValueError(f"expected METRICS_JSONL KEY OUT_PNG, got {len(args)} argument(s) {args} "
-                   "(python -m glmrl.logging.plot WORKDIR/metrics.jsonl reward/mean out.png)")
+  raise UserError(f"expected METRICS_JSONL KEY OUT_PNG, got {len(args)} argument(s) {args} "
+                  "(python -m glmrl.logging.plot WORKDIR/metrics.jsonl reward/mean out.png)")
 
 
 if __name__ == "__main__":

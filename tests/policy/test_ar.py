@@ -140,7 +140,7 @@ def test_lora_alpha_left_unset_is_the_rank():
   from glmrl import config_checks
   from glmrl.policy import flow_grpo
 
-  config = tiny_config(lora__rank=4)
+  config = tiny_config(lora__rank=4, train__policies="ar+decoder")  # the decoder's adapters are read too
   config.decoder.lora.alpha = 0.0
   config_checks.validate(config)
   assert ar_policy.ArPolicy(config).settings.lora.alpha == 4.0
