@@ -24,7 +24,6 @@ others with one line (exit 1) after --distributed_heartbeat_timeout.
 
 import importlib
 import os
-import re
 import signal
 import sys
 import traceback
@@ -35,23 +34,18 @@ import ml_collections
 from ml_collections import config_flags
 
 import glmrl  # noqa: F401  (library-wide settings)
-from glmrl import agreement
-from glmrl import compilation_cache
-from glmrl import config_checks
-from glmrl import config_files
-from glmrl import distributed
-from glmrl import gc_tuning
-from glmrl import peers
-from glmrl.checkpoint.signals import StopSignal
+from glmrl.config import choices
+from glmrl.config import command_line
+from glmrl.config import files as config_files
 from glmrl.errors import UserError
-from glmrl.train.workdir import layout_problem
-from glmrl.train.workdir import no_checkpoint_to_evaluate
-from glmrl.train.workdir import not_a_run_folder
-from glmrl.train.workdir import other_run_problem
+from glmrl.runtime import distributed
+from glmrl.runtime import peers
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "demo.py")
+# Light above (`python main.py --help` and a mistyped flag import no model code, tests/config/test_choices.py); the
+# checks, the modes and what they import come once the flags are parsed.
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and samples.", required=True)
-_MODE = flags.DEFINE_enum("mode", "train", config_checks.MODES, "What to run (see the top of this help).")
+_MODE = flags.DEFINE_enum("mode", "train", choices.MODES, "What to run (see the top of this help).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-process runs: HOST:PORT of process 0 "
                                    "(detected on SLURM and Cloud TPU pods).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process runs: how many processes.")
@@ -84,139 +78,44 @@ def _fail(message: str):
   raise SystemExit(2)
 
 
-def _config_value(argv) -> str | None:
-  """The --config value of the command line (path[:arg]), or None for the default."""
-  for i, a in enumerate(argv):
-    if a.startswith("--config="):
-      return a.split("=", 1)[1]
-    if a == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  return None
-
-
-def _config_path(argv) -> str | None:
-  """The --config file named on the command line (without its :arg; a file whose name holds a colon whole), or None
-  for the default."""
-  value = _config_value(argv)
-  if value is None or os.path.isfile(value):
-    return value
-  return value.split(":", 1)[0]
-
-
-def _root_cause(error: BaseException) -> BaseException:
-  """The innermost exception of a chain (config_flags wraps a config file's own error twice), as Python prints it:
-  `raise ... from None` ends it."""
-  seen = {id(error)}
-  while True:
-    nxt = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
-    if nxt is None or id(nxt) in seen:
-      return error
-    seen.add(id(nxt))
-    error = nxt
-
-
-def _raised_in_config_file(error: BaseException, argv) -> str | None:
-  """'file:line: Type: message' when the config file itself raised (an import it lacks, its own bug, a key it
-  misspells), read off the innermost frame of that file in the error's chain; None for the command line's errors."""
-  target = os.path.abspath(_config_path(argv) or _DEFAULT_CONFIG)
-  seen, err = set(), error
-  while err is not None and id(err) not in seen:
-    seen.add(id(err))
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if os.path.abspath(f.filename) == target]
-    if frames:
-      text = str(err).splitlines()[0] if str(err) else ""
-      if isinstance(err, (AttributeError, KeyError)):
-        _, missing, suggestion = _missing_key(err)
-        text = f"the config has no key {missing!r}" + (f" (did you mean {suggestion!r}?)" if suggestion else "")
-      return f"{frames[-1].filename}:{frames[-1].lineno}: {type(err).__name__}: {text} (raised by the config file)"
-    err = err.__cause__ or err.__context__
-  return None
-
-
-def _missing_key(error: BaseException) -> tuple[str, str, str | None]:
-  """(text, missing key, ml_collections' suggestion or None) of a ConfigDict's AttributeError(KeyError(text))."""
-  text = error
-  while isinstance(text, BaseException):
-    text = text.args[0] if text.args else str(text)
-  text = str(text)
-  match = re.match(r"'([^']+)'(?:\nDid you mean \"([^\"]+)\")?", text)
-  return (text, match.group(1), match.group(2)) if match else (text, text, None)
-
-
-def _unknown_key_message(error: BaseException, argv) -> str:
-  """One line for a --config.<key> the config lacks, with ml_collections' "did you mean" when it has one."""
-  if isinstance(error, IndexError):
-    indexed = [a.split("=")[0] for a in argv if a.startswith("--config.") and "[" in a.split("=")[0]]
-    return f"{' '.join(indexed) or ' '.join(argv[1:])}: no such entry in the config's list ({error})"
-  text, missing, suggestion = _missing_key(error)
-  if "config_config" in text:  # what config_flags looks up when the file has no get_config
-    return f"{_config_path(argv) or _DEFAULT_CONFIG}: defines no get_config(arg) function"
-  bad = [a for a in argv if a.startswith("--config.") and f".{missing}" in a.split("=")[0]]
-  hint = f"did you mean {suggestion!r}?" if suggestion else "all keys: configs/common.py"
-  return f"unknown config key {missing!r} in {' '.join(bad) or ' '.join(argv[1:])}: the config defines no such key ({hint})"
-
-
-def _not_a_config(argv, config) -> str:
-  return (f"--config={_config_path(argv) or _DEFAULT_CONFIG}: get_config() returned {type(config).__name__}, not an "
-          "ml_collections.ConfigDict (start from configs/common.py's get_config() and set its fields)")
-
-
-def _data_file_config(argv, path: str) -> list:
-  """argv with `--config=run.yaml` (or .json) read through configs/from_file.py, whose UserError (the file's mistake
-  at its line, glmrl/config_files.py) `_parse_flags` prints as it is."""
-  loader = os.path.join(os.path.dirname(_DEFAULT_CONFIG), "from_file.py")
-  out, skip = [], False
-  for i, a in enumerate(argv):
-    if skip:
-      skip = False
-    elif a.startswith("--config="):
-      out.append(f"--config={loader}:{os.path.abspath(path)}")
-    elif a == "--config" and i + 1 < len(argv):
-      out.append(f"--config={loader}:{os.path.abspath(path)}")
-      skip = True
-    else:
-      out.append(a)
-  return out
-
-
 def _parse_flags(argv):
   """absl's parser, with every mistake in the command line reported in one line."""
-  path = _config_path(argv)
+  path = command_line.config_path(argv)
   if path is not None and not os.path.isfile(path):
     _fail(f"--config={path}: no such file" + (" (a folder)" if os.path.isdir(path) else ""))
   if config_files.is_data_file(path):
-    if _config_value(argv) != path:
-      _fail(f"--config={_config_value(argv)}: a YAML or JSON config takes no :argument (a file names the recipe it "
-            f"changes with its own `{config_files.BASE_KEY}:` key)")
-    argv = _data_file_config(argv, path)
+    if command_line.config_value(argv) != path:
+      _fail(f"--config={command_line.config_value(argv)}: a YAML or JSON config takes no :argument (a file names the "
+            f"recipe it changes with its own `{config_files.BASE_KEY}:` key)")
+    argv = command_line.data_file_config(argv, path)
   try:
     try:
       parsed = flags.FLAGS(argv)
       config = _CONFIG.value  # loads the file: its errors surface here
       if not isinstance(config, ml_collections.ConfigDict):
-        _fail(_not_a_config(argv, config))
+        _fail(command_line.not_a_config(argv, config))
       return parsed
     except Exception as e:  # pylint: disable=broad-except  # the config file's own error, at its line
-      if isinstance(_root_cause(e), UserError):  # a data file's mistake, already at its file and line
-        _fail(str(_root_cause(e)))
-      raised = _raised_in_config_file(e, argv)
+      if isinstance(command_line.root_cause(e), UserError):  # a data file's mistake, already at its file and line
+        _fail(str(command_line.root_cause(e)))
+      raised = command_line.raised_in_config_file(e, argv)
       if raised:
         _fail(raised)
       raise
   except SyntaxError as e:
     _fail(f"{e.filename}:{e.lineno}: {e.msg} (a syntax error in the config file)")
   except (AttributeError, KeyError, IndexError) as e:
-    _fail(_unknown_key_message(e, argv))
+    _fail(command_line.unknown_key_message(e, argv))
   except flags.Error as e:
     if "Unexpected None value for flag config" in str(e):
-      _fail(_not_a_config(argv, None))
-    root = _root_cause(e)
+      _fail(command_line.not_a_config(argv, None))
+    root = command_line.root_cause(e)
     if root is not e and "Error whilst parsing config file" in str(e):  # the config file's own error
       if isinstance(root, SyntaxError):
         _fail(f"{root.filename}:{root.lineno}: {root.msg} (a syntax error in the config file)")
       if "config_config" in str(root):
-        _fail(_unknown_key_message(root, argv))
-      _fail(f"--config={path or _DEFAULT_CONFIG}: {root}")
+        _fail(command_line.unknown_key_message(root, argv))
+      _fail(f"--config={path or command_line.DEFAULT_CONFIG}: {root}")
     _fail(str(e).splitlines()[0])
   except SystemExit as e:
     # absl prints --help and exits 1; asking for help is not a failure.
@@ -227,14 +126,16 @@ def _parse_flags(argv):
 
 try:  # the default config applies the command line's overrides while it is defined
   _CONFIG = config_flags.DEFINE_config_file(
-      "config", _DEFAULT_CONFIG, "Experiment config file, path[:arg]; override keys with --config.section.key=value "
-      "(all keys: configs/common.py).", lock_config=True)
+      "config", command_line.DEFAULT_CONFIG, "Experiment config file, path[:arg]; override keys with "
+      "--config.section.key=value (all keys: configs/common.py).", lock_config=True)
 except (AttributeError, KeyError, IndexError) as _e:
-  _fail(_unknown_key_message(_e, sys.argv))
+  _fail(command_line.unknown_key_message(_e, sys.argv))
 
 
 def _check_workdir(workdir: str) -> None:
   """The workdir must name a folder that is or can be created (before any model is built)."""
+  from glmrl.train.workdir import layout_problem, not_a_run_folder  # pylint: disable=import-outside-toplevel
+
   if not workdir:
     raise UserError("--workdir is empty: pass the folder to write checkpoints, logs and samples into")
   if os.path.exists(workdir) and not os.path.isdir(workdir):
@@ -252,21 +153,26 @@ def _check_workdir(workdir: str) -> None:
 def _launch_checks() -> None:
   """Every check of the inputs this process sees (its workdir, config, files) before any model is built; each
   process makes them, and they refuse together (main)."""
+  from glmrl.config import validation  # pylint: disable=import-outside-toplevel
+  from glmrl.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+
   _check_workdir(_WORKDIR.value)
-  config_checks.validate(_CONFIG.value, _MODE.value)
-  problem = _MODE.value != "compile" and other_run_problem(_WORKDIR.value, _CONFIG.value)
+  validation.validate(_CONFIG.value, _MODE.value)
+  problem = _MODE.value != "compile" and workdir_lib.other_run_problem(_WORKDIR.value, _CONFIG.value)
   if not problem and _MODE.value == "eval":
-    problem = no_checkpoint_to_evaluate(_WORKDIR.value, _CONFIG.value.eval.steps)
+    problem = workdir_lib.no_checkpoint_to_evaluate(_WORKDIR.value, _CONFIG.value.eval.steps)
   if problem:
     raise UserError(problem)
   if _USE_EMA.value:
-    config_checks.check_use_ema(_CONFIG.value, _MODE.value)
+    validation.check_use_ema(_CONFIG.value, _MODE.value)
 
 
 def _run_facts(config) -> dict:
-  """What every process of a run must hold equally (glmrl/rendezvous.py): its mode, workdir and config."""
-  values = {k: repr(v) for k, v in config_checks.leaves(config).items()}
-  for key in config_files.WHOLE:  # the reward lists, which leaves() leaves out
+  """What every process of a run must hold equally (glmrl/runtime/rendezvous.py): its mode, workdir and config."""
+  from glmrl.config import keys  # pylint: disable=import-outside-toplevel
+
+  values = {k: repr(v) for k, v in keys.leaves(config).items()}
+  for key in choices.REWARD_LISTS:  # which leaves() leaves out
     section, _, name = key.rpartition(".")
     values[key] = repr((config[section] if section else config).get(name))
   return {"mode": _MODE.value, "workdir": os.path.abspath(_WORKDIR.value), "use_ema": _USE_EMA.value,
@@ -274,7 +180,7 @@ def _run_facts(config) -> dict:
 
 
 def _end_run(line: str, status: int) -> None:
-  """Ends this process of a multi-process run on an error only it met: the others are told (glmrl.peers) and end
+  """Ends this process of a multi-process run on an error only it met: the others are told (glmrl.runtime.peers) and end
   with the same line and status, instead of waiting for it at their next collective."""
   peers.announce_exit({"error": line, "status": status})
   sys.stdout.flush()
@@ -285,6 +191,9 @@ def _end_run(line: str, status: int) -> None:
 def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]}: every setting is a --flag (python main.py --help)")
+  from glmrl.checkpoint.signals import StopSignal  # pylint: disable=import-outside-toplevel
+  from glmrl.runtime import agreement, compilation_cache, gc_tuning  # pylint: disable=import-outside-toplevel
+
   module_name, fn_name = _MODES[_MODE.value].split(":")
   gc_tuning.for_tracing()
   try:
@@ -306,7 +215,7 @@ def main(argv):
       except Exception as e:  # pylint: disable=broad-except
         if not peers.watching():
           raise
-        # A collective's error in a multi-process run is most often a peer gone: its line (glmrl.peers) rather
+        # A collective's error in a multi-process run is most often a peer gone: its line (glmrl.runtime.peers) rather
         # than this traceback, once the coordination service has counted it lost. Else this process's own error,
         # with its traceback, and the others end with it.
         import jax  # pylint: disable=import-outside-toplevel  (imported by glmrl, after its settings)

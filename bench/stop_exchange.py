@@ -1,6 +1,6 @@
-"""What the per-step stop decision of a multi-process run costs (`glmrl.agreement.stop_signal`, one exchange through
-JAX's coordination service after every step): two processes on this host, set up as main.py sets them up, each
-timing `--calls` decisions back to back; prints each process's median and 99th percentile in milliseconds.
+"""What the per-step stop decision of a multi-process run costs (`glmrl.runtime.agreement.stop_signal`, one
+exchange through JAX's coordination service after every step): two processes on this host, set up as main.py sets
+them up, each timing `--calls` decisions back to back; prints each process's median and 99th percentile in milliseconds.
 
     python bench/stop_exchange.py [--calls=500]
 
@@ -24,7 +24,7 @@ def _process(process_id: int, port: int, calls: int) -> None:
   sys.path.insert(0, HERE)
   import numpy as np  # pylint: disable=import-outside-toplevel
 
-  from glmrl import agreement, distributed  # pylint: disable=import-outside-toplevel
+  from glmrl.runtime import agreement, distributed  # pylint: disable=import-outside-toplevel
 
   distributed.initialize(f"localhost:{port}", 2, process_id)
   times = []

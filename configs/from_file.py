@@ -1,9 +1,9 @@
-"""A config file of data (`--config=run.yaml` or `.json`; glmrl/config_files.py): main.py passes the file here.
+"""A config file of data (`--config=run.yaml` or `.json`; glmrl/config/files.py): main.py passes the file here.
 
 `python main.py --config=run.yaml --workdir=W` (main.py turns it into `--config=configs/from_file.py:run.yaml`).
 """
 
-from glmrl import config_files
+from glmrl.config import files as config_files
 
 
 def get_config(arg=None):

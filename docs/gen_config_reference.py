@@ -3,8 +3,8 @@
     python docs/gen_config_reference.py          # rewrite docs/reference/config.md
     python docs/gen_config_reference.py --check  # exit 1 if the committed file is stale or a key has no comment
 
-The keys and defaults are the config's own (`glmrl.config_checks.leaves`, the flattening the config checks run,
-plus the two reward lists); the comments are read from configs/common.py: a key's comment is the block of comment
+The keys and defaults are the config's own (`glmrl.config.keys.leaves`, the flattening the config checks run,
+plus the reward lists); the comments are read from configs/common.py: a key's comment is the block of comment
 lines right above its assignment and the comments on its lines. tests/docs/test_config_reference.py runs
 `--check`'s comparison.
 """
@@ -24,7 +24,6 @@ import generated  # noqa: E402  # docs/generated.py
 
 SOURCE = os.path.join(ROOT, "configs", "common.py")
 OUT = os.path.join(ROOT, "docs", "reference", "config.md")
-REWARD_LISTS = ("rewards", "decoder.rewards")  # tuples of entries, not leaves (`config_checks.leaves` skips them)
 
 
 def _dotted(node: ast.expr) -> str | None:
@@ -65,10 +64,11 @@ def defaults() -> dict:
   """{'section.key': default} of every key of base_config(), in its order."""
   sys.path.insert(0, ROOT)
   from configs import common  # pylint: disable=import-outside-toplevel
-  from glmrl import config_checks  # pylint: disable=import-outside-toplevel
+  from glmrl.config import keys  # pylint: disable=import-outside-toplevel
+  from glmrl.config.choices import REWARD_LISTS  # pylint: disable=import-outside-toplevel  (lists, not leaves)
 
   cfg = common.base_config()
-  values = config_checks.leaves(cfg)
+  values = keys.leaves(cfg)
   for key in REWARD_LISTS:
     section, _, name = key.rpartition(".")
     values[key] = (cfg[section] if section else cfg)[name]
@@ -112,7 +112,7 @@ def render() -> tuple[str, list[str]]:
            "the comment it has in `configs/common.py`. A config file overrides what differs (the released recipes "
            "are listed in the [configs table](../getting_started.md#configs)); any key can be set on the command "
            "line as `--config.section.key=value`, and every value is checked before any model is built "
-           "(`glmrl/config_checks.py`).", ""]
+           "(`glmrl/config/`).", ""]
   section = None
   for key, value in values.items():
     head = key.rpartition(".")[0] or "top level"

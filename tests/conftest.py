@@ -28,7 +28,7 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 if "LD_PRELOAD" not in os.environ and (_jemalloc := ctypes.util.find_library("jemalloc")):
   os.environ["LD_PRELOAD"] = _jemalloc
 
-from glmrl import gc_tuning  # noqa: E402  (after the settings above: importing glmrl imports JAX, which reads them)
+from glmrl.runtime import gc_tuning  # noqa: E402  (after the settings above: glmrl imports JAX, which reads them)
 
 gc_tuning.for_tracing()  # the workers trace as main.py does
 

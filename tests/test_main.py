@@ -142,7 +142,7 @@ def test_bad_config_fails_in_one_line_before_any_work(override, message, tmp_pat
         "wandb_mode", "lpips_dir", "loss_guidance", "dgpo_clip_dsm", "timestep_sharing", "noise_level", "clip_range",
         "decoder_on_ar", "decoder_recipe_on_ar"])
 def test_a_setting_that_nothing_reads_is_refused_in_one_line(flags, message, tmp_path):
-  """One rule for every section (glmrl/config_checks.py READ_WHEN); before, each of these passed silently."""
+  """One rule for every section (glmrl/config/inert.py READ_WHEN); before, each of these passed silently."""
   config = () if any(f.startswith("--config=") for f in flags) else ("--config=configs/demo.py",)
   result = main_in_process(*config, *flags, tmp_path=tmp_path / "work")
   assert_one_line_error(result, message)
@@ -433,7 +433,7 @@ def _rows(workdir):
      "--coordinator_address, --num_processes=2 and its own --process_id"),
 ], ids=["scheme", "no_port", "peer_missing"])
 def test_a_pod_launch_mistake_that_one_process_sees_is_one_line(flags, message, tmp_path):
-  """Process 0 of two (glmrl/rendezvous.py): ends before the coordinator starts, nothing written."""
+  """Process 0 of two (glmrl/runtime/rendezvous.py): ends before the coordinator starts, nothing written."""
   port = free_port()
   flags = [f.format(port=port) for f in flags]
   work = tmp_path / "work"

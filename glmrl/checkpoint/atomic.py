@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from glmrl import distributed
+from glmrl.runtime import distributed
 
 
 def write_text_atomic(path: str, text: str) -> None:

@@ -16,8 +16,8 @@ import time
 
 from absl import logging
 
-from glmrl import agreement
-from glmrl import distributed
+from glmrl.runtime import agreement
+from glmrl.runtime import distributed
 from glmrl.errors import UserError
 
 LOCK_FILE = "lock.json"

@@ -12,9 +12,9 @@ A step that does not restore (a truncated or missing file) is reported and
 the newest step that does restore is used; the unreadable steps are moved,
 untouched, into `checkpoints/unreadable/` (see `restore_latest`).
 
-With several processes the restore is agreed (glmrl.agreement): each process reads its own shards of a step through
-a reader of its own (Orbax's barriers, device collectives, would hold the others while one process's read fails),
-and the step is used only when every process read it; else every process tries the next older one.
+With several processes the restore is agreed (glmrl.runtime.agreement): each process reads its own shards of a
+step through a reader of its own (Orbax's barriers, device collectives, would hold the others while one process's
+read fails), and the step is used only when every process read it; else every process tries the next older one.
 """
 
 import contextlib
@@ -28,14 +28,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from glmrl import agreement
-from glmrl import distributed
+from glmrl.runtime import agreement
+from glmrl.runtime import distributed
 from glmrl.checkpoint.adapters import check_adapters
 from glmrl.checkpoint.atomic import write_json_atomic
 from glmrl.checkpoint.errors import CheckpointError, CheckpointSaveError
 from glmrl.checkpoint.orbax_noise import ORPHANED_READS
 from glmrl.checkpoint.step_files import step_problem
-from glmrl.thread_errors import quiet_os_errors
+from glmrl.runtime.thread_errors import quiet_os_errors
 
 AR_CONFIG_FILE = "ar_config.json"
 SOURCE_FILE = "source.json"

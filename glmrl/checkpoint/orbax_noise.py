@@ -10,7 +10,7 @@ import sys
 
 from absl import logging
 
-from glmrl.thread_errors import os_error_raised_in
+from glmrl.runtime.thread_errors import os_error_raised_in
 
 
 class OrphanedReads:

@@ -7,7 +7,7 @@ watcher runs the cleanups (the workdir lock) and ends the process with 128 + the
 has finished, the signal only sets the flag the loop polls between steps: the step in flight is finished and
 saved, as a scheduler's grace period expects.
 
-With several processes (glmrl.peers, glmrl.agreement), a signal reaches one process or all of them at different
+With several processes (glmrl.runtime's peers and agreement), a signal reaches one process or all of them at different
 moments, and they still end as one: an immediate exit is announced to the others, which exit at once too with the
 same status; a flag set by a signal is read by every process after every step (`agreement.stop_signal`), so all of
 them stop after the same step, save it together and exit with the same status.
@@ -20,7 +20,7 @@ import threading
 
 from absl import logging
 
-from glmrl import quiet_stderr
+from glmrl.runtime import quiet_stderr
 
 
 class StopSignal:
@@ -49,11 +49,11 @@ class StopSignal:
 
   def _exit_now(self, signum: int, peer: dict | None = None) -> None:
     """Ends the process with 128 + `signum` after its cleanups; `peer`: the notice of the process whose signal this
-    is (glmrl.peers), else this process's own signal, announced to the others first."""
+    is (glmrl.runtime.peers), else this process's own signal, announced to the others first."""
     name = signal.Signals(signum).name
     if peer is None:
       _say(f"{name} received: {self._what}; exiting")
-      from glmrl import peers  # pylint: disable=import-outside-toplevel  (jax: with several processes only)
+      from glmrl.runtime import peers  # pylint: disable=import-outside-toplevel  (jax: with several processes only)
 
       peers.announce_exit({"signal": name, "what": self._what})
     else:
@@ -70,8 +70,8 @@ class StopSignal:
 
   @classmethod
   def peer_exited(cls, notice: dict) -> None:
-    """A peer process exits at once (glmrl.peers' notice): on a signal, or on an error only it found; this one does
-    so too, with the same status and line, after the cleanups of its innermost context."""
+    """A peer process exits at once (glmrl.runtime.peers' notice): on a signal, or on an error only it found; this
+    one does so too, with the same status and line, after the cleanups of its innermost context."""
     if notice.get("signal"):
       signum = signal.Signals[notice["signal"]].value
       if cls._active:
@@ -128,15 +128,15 @@ class StopSignal:
 
 
 def _say(line: str) -> None:
-  """A line on the console's stderr, also while a library's output is held back (glmrl.quiet_stderr)."""
+  """A line on the console's stderr, also while a library's output is held back (glmrl.runtime.quiet_stderr)."""
   os.write(quiet_stderr.console_fd(), (line + "\n").encode())
 
 
 def _exit(status: int) -> None:
   """Ends the process at once (no unwinding: the main thread may be inside XLA); with several processes, process 0
-  last (glmrl.peers)."""
+  last (glmrl.runtime.peers)."""
   if "jax" in sys.modules:
-    from glmrl import peers  # pylint: disable=import-outside-toplevel
+    from glmrl.runtime import peers  # pylint: disable=import-outside-toplevel
 
     peers.exit_process(status)
   os._exit(status)  # pylint: disable=protected-access

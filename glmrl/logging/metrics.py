@@ -174,7 +174,7 @@ class NullWriter:
 def run_writer(workdir, config=None, job: str = "train"):
   """The run's writer: a MetricsWriter on process 0 (also logging to W&B when `config.log.wandb`, as a run of job
   type `job`), a NullWriter on the others."""
-  from glmrl import distributed  # pylint: disable=import-outside-toplevel  (jax: only once a writer is made)
+  from glmrl.runtime import distributed  # pylint: disable=import-outside-toplevel  (jax: only once a writer is made)
 
   if not distributed.is_main():
     return NullWriter()

@@ -27,7 +27,7 @@ POLICY_PREFIXES = ("", "ar/", "decoder/")
 def console(line: str, elsewhere: str | None = None) -> None:
   """A line for the person watching (stderr, process 0 alone), without the log prefix of absl's records;
   `elsewhere`: the line of the other processes of a run (that each is alive and where), if any."""
-  from glmrl import distributed  # pylint: disable=import-outside-toplevel  (jax: only once a line is printed)
+  from glmrl.runtime import distributed  # pylint: disable=import-outside-toplevel  (jax: only once a line is printed)
 
   if distributed.is_main():
     print(line, file=sys.stderr, flush=True)

@@ -45,7 +45,7 @@ class WandbRun:
   """`add_scalars`, `add_image` and `close` into one W&B run, as `MetricsWriter` writes them to TensorBoard."""
 
   def __init__(self, workdir: str, *, project: str, name: str, mode: str, job: str, config: Mapping | None = None):
-    import wandb  # optional (requirements-wandb.txt); config_checks names it before anything is built
+    import wandb  # optional (requirements-wandb.txt); the config check names it before anything is built
 
     self._wandb = wandb
     directory = os.path.join(workdir, "wandb")

@@ -148,7 +148,7 @@ update = functools.partial(dit.update, accumulate_gradients)
 def window_starts(config) -> tuple[int, int]:
   """(first, last) step a random SDE window may start at: it lies within decoder.window_range = [lo, hi), hi 0
   meaning the first half of the steps (Flow-GRPO's newer recipe), never holding the final step (checked by
-  `config_checks`)."""
+  `glmrl.config.cross_checks`)."""
   d = config.decoder
   lo, hi = tuple(d.window_range)
   hi = hi or min(max(d.train_steps // 2, lo + d.window_size), d.train_steps - 1)

@@ -96,7 +96,7 @@ def check_batch(plan: RunPlan, mesh_shape: tuple[int, int, int]) -> None:
   """The rollout's AR rows and images (and decoder chunks) must split evenly over data x fsdp; micro-batches
   need not.
 
-  The fields' own rules (e.g. group_size >= 2) are `config_checks`', checked before this runs."""
+  The fields' own rules (e.g. group_size >= 2) are `glmrl.config`'s, checked before this runs."""
   config, request = plan.config, plan.request
   data, fsdp, _ = mesh_shape
   devices = data * fsdp

@@ -11,7 +11,7 @@ import numpy as np
 from absl import logging
 from PIL import Image
 
-from glmrl import distributed
+from glmrl.runtime import distributed
 from glmrl.checkpoint.atomic import write_json_atomic, write_text_atomic
 from glmrl.checkpoint.manager import saved_steps
 from glmrl.errors import UserError

@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 from PIL import Image
 
-from glmrl import distributed
+from glmrl.runtime import distributed
 from glmrl.logging import make_grid
 from glmrl.sharding import to_host
 from glmrl.train import setup as setup_lib

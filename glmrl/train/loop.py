@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from glmrl import agreement
-from glmrl import device_memory
+from glmrl.runtime import agreement
+from glmrl.runtime import device_memory
 from glmrl import sharding as sharding_lib
 from glmrl.checkpoint import StopSignal, TrainCheckpointer
 from glmrl.checkpoint.lock import WorkdirLock

@@ -11,8 +11,8 @@ import os
 import jax
 from absl import logging
 
-from glmrl import agreement
-from glmrl import device_memory, distributed
+from glmrl.runtime import agreement
+from glmrl.runtime import device_memory, distributed
 from glmrl import sharding as sharding_lib
 from glmrl.programs import auto
 from glmrl.programs import plan as plan_lib
@@ -189,7 +189,7 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
   (`train`: with their optimizers and references; `resume_data`: the prompt iterator's state in the checkpoint the
   run resumes from, checked against the prompts first)."""
   # Each part checks this process's view (its prompt files, the reward servers it reaches); every process refuses
-  # together (glmrl.agreement) before any model is built. The plan's resolution between them exchanges facts.
+  # together (glmrl.runtime.agreement) before any model is built. The plan's resolution between them exchanges facts.
   draft, records, eval_records = agreement.checked(lambda: _checked_draft(config, train))
   mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   plan = resolve_plan(draft, mesh)

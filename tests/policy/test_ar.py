@@ -137,12 +137,12 @@ def test_logprob_metrics_leave_the_forced_end_token_out_of_the_entropy():
 
 def test_lora_alpha_left_unset_is_the_rank():
   """`--config.lora.rank=4` alone launches, at scale alpha / rank = 1 (the DiT's adapters alike)."""
-  from glmrl import config_checks
+  from glmrl.config import validation
   from glmrl.policy import flow_grpo
 
   config = tiny_config(lora__rank=4, train__policies="ar+decoder")  # the decoder's adapters are read too
   config.decoder.lora.alpha = 0.0
-  config_checks.validate(config)
+  validation.validate(config)
   assert ar_policy.ArPolicy(config).settings.lora.alpha == 4.0
   assert flow_grpo.FlowGrpoPolicy(config).settings.lora.alpha == float(config.decoder.lora.rank)
   config.lora.alpha = 8.0

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from configs import demo
-from glmrl import gc_tuning
+from glmrl.runtime import gc_tuning
 from tests.cli import ROOT, TIMEOUT_S
 
 

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from glmrl import config_checks, sharding
+from glmrl import sharding
+from glmrl.config import rules, validation
 from glmrl.programs import plan
 from glmrl.models import glm_image
 from glmrl.models.ar.prompt import GenerationLayout
@@ -28,14 +29,14 @@ def load(name, arg=None):
 @pytest.mark.parametrize("name", ["glm_image_t2i", "glm_image_i2i"])
 def test_real_configs_need_a_checkpoint_and_have_the_paper_defaults(name, tmp_path):
   c = load(name)
-  with pytest.raises(config_checks.ConfigError, match="config.model.checkpoint_dir is required"):
-    config_checks.validate(c)
+  with pytest.raises(rules.ConfigError, match="config.model.checkpoint_dir is required"):
+    validation.validate(c)
   c.model.checkpoint_dir = str(tmp_path)
-  with pytest.raises(config_checks.ConfigError, match="config.data.prompts_file is required"):
-    config_checks.validate(c)
+  with pytest.raises(rules.ConfigError, match="config.data.prompts_file is required"):
+    validation.validate(c)
   (tmp_path / "prompts.jsonl").write_text('{"prompt": "a cat"}\n')
   c.data.prompts_file = str(tmp_path / "prompts.jsonl")
-  config_checks.validate(c)
+  validation.validate(c)
   assert (c.grpo.group_size, c.sampling.temperature, c.sampling.top_p) == (16, 0.9, 0.75)
   assert (c.data.height, c.data.width, c.sampling.dit_steps, c.sampling.guidance_scale) == (1024, 1024, 50, 1.5)
 
@@ -44,7 +45,7 @@ def test_real_configs_need_a_checkpoint_and_have_the_paper_defaults(name, tmp_pa
                                   "glm_image_t2i_decoupled"])
 def test_tiny_configs_validate(name):
   c = load(name, None if name.startswith("demo") else "tiny")
-  config_checks.validate(c)
+  validation.validate(c)
   setup.load_records(plan.draft(c))  # the bundled prompt files fit the mode
 
 
@@ -79,17 +80,17 @@ def test_decoupled_config_names_each_required_reward_input(tmp_path):
   c.model.checkpoint_dir = str(tmp_path)
   (tmp_path / "prompts.txt").write_text('a poster that says "GRPO"\n')
   c.data.prompts_file = str(tmp_path / "prompts.txt")
-  with pytest.raises(config_checks.ConfigError, match=r"config.rewards\[0\].kwargs.clip_dir is required"):
-    config_checks.validate(c)
+  with pytest.raises(rules.ConfigError, match=r"config.rewards\[0\].kwargs.clip_dir is required"):
+    validation.validate(c)
   c.rewards[0].kwargs.clip_dir = c.rewards[0].kwargs.head_dir = c.rewards[1].kwargs.ckpt_dir = str(tmp_path)
-  with pytest.raises(config_checks.ConfigError, match=r"config.decoder.rewards\[0\].kwargs.url is required"):
-    config_checks.validate(c)
+  with pytest.raises(rules.ConfigError, match=r"config.decoder.rewards\[0\].kwargs.url is required"):
+    validation.validate(c)
   c.decoder.rewards[0].kwargs.url = "http://localhost:1"
-  config_checks.validate(c)
+  validation.validate(c)
   # --mode=compile builds no reward that takes kwargs: the recipe compiles without them.
   c = load("glm_image_t2i_decoupled")
   c.compile.topology = "v5p-64"
-  config_checks.validate(c, mode="compile")
+  validation.validate(c, mode="compile")
   assert (c.train.policies, c.grpo.group_size, c.decoder.group_size) == ("ar+decoder", 8, 4)
   assert (c.decoder.noise_level, c.decoder.train_steps, c.decoder.clip_range, c.decoder.lora.targets) == \
       (0.7, 10, 1e-4, "dit")

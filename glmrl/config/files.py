@@ -10,9 +10,9 @@ Each file is read once, faithfully, every value with its line:
   `false`: YAML 1.1's spellings given to a boolean key are named as such), `null` is checked at its line;
 - JSON is read by a JSON parser (tabs, a UTF-8 byte-order mark), with its own positions;
 - aliases are bounded (a file that expands to more than MAX_VALUES values is refused in one line).
-Each key is checked here against the base's keys and by its config_checks rule, so a mistake is one line naming the
-file and line (`run.yaml:3: config.train.num_stepz is not a config key (did you mean ...)`); the rules between keys
-run later as for any config. main.py loads the file through `configs/from_file.py`.
+Each key is checked here against the base's keys and by its rule (glmrl.config.keys), so a mistake is one line
+naming the file and line (`run.yaml:3: config.train.num_stepz is not a config key (did you mean ...)`); the rules
+between keys run later as for any config. main.py loads the file through `configs/from_file.py`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ import re
 
 import ml_collections
 
+from glmrl.config.choices import REWARD_LISTS
 from glmrl.errors import UserError
 
 SUFFIXES = (".yaml", ".yml", ".json")
-# Lists of dicts that replace a default whole (their entries are not config keys).
-WHOLE = ("rewards", "decoder.rewards")
 BASE_KEY = "base"  # the recipe a file is layered on: `base: configs/demo.py` or `configs/demo_decoder.py:dgpo`
 MAX_VALUES = 100_000  # more values than any config has many times over: a file that expands beyond is refused
 _YAML_11_BOOLEANS = {"yes", "no", "on", "off", "y", "n"}
@@ -60,15 +59,15 @@ class Node:
 
 def layered(path: str) -> ml_collections.ConfigDict:
   """The base recipe's config with the file's values set (UserError at the file's line otherwise)."""
-  from glmrl import config_checks  # pylint: disable=import-outside-toplevel
+  from glmrl.config import keys, rules  # pylint: disable=import-outside-toplevel  (the library's choice lists)
 
   entries = _entries(path)
   config = _base(path, entries.pop(BASE_KEY, None))
-  defaults = config_checks.leaves(config)
+  defaults = keys.leaves(config)
   for key, (node, line) in entries.items():
     where = f"{path}:{line}: config.{key}"
     value = node.python()
-    if key in WHOLE:
+    if key in REWARD_LISTS:
       value = tuple(value) if isinstance(value, list) else value
       if not isinstance(value, tuple) or not all(isinstance(v, dict) for v in value):
         raise UserError(f"{where}: must be a list of reward entries ({{name: ..., weight: ...}})")
@@ -77,17 +76,17 @@ def layered(path: str) -> ml_collections.ConfigDict:
       if section:
         raise UserError(f"{where} is a section of keys ({', '.join(section[:3])}, ...): give it a mapping of them, "
                         f"e.g. {key.rsplit('.', 1)[-1]}: {{{section[0].rsplit('.', 1)[-1]}: ...}}")
-      known = list(defaults) + list(WHOLE)
+      known = list(defaults) + list(REWARD_LISTS)
       close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
       raise UserError(f"{where} is not a config key"
                       + (f" (did you mean config.{close[0]}?)" if close else " (all keys: configs/common.py)"))
     else:
       value = _as_default(where, value, defaults[key])
-      rule = config_checks.RULES.get(key)
+      rule = keys.RULES.get(key)
       if rule is not None:
         try:
           rule.check(where, value)
-        except config_checks.ConfigError as e:
+        except rules.ConfigError as e:
           raise UserError(str(e)) from None
     section, _, name = key.rpartition(".")
     (config[section] if section else config)[name] = value
@@ -143,8 +142,8 @@ def _as_default(where: str, value, default):
 
 
 def _entries(path: str) -> dict[str, tuple[Node, int]]:
-  """{dotted key: (value node, line)} of the file's leaves (a WHOLE key's list as one leaf); a key given twice (in
-  any spelling) is refused with both lines."""
+  """{dotted key: (value node, line)} of the file's leaves (a reward list, REWARD_LISTS, as one leaf); a key given
+  twice (in any spelling) is refused with both lines."""
   try:
     with open(path, "rb") as f:
       raw = f.read()
@@ -169,7 +168,7 @@ def _entries(path: str) -> dict[str, tuple[Node, int]]:
 def _flatten(path: str, node: Node, prefix: str, out: dict) -> None:
   for key, line, child in node.pairs:
     dotted = f"{prefix}{key}"
-    if child.pairs is not None and dotted not in WHOLE:
+    if child.pairs is not None and dotted not in REWARD_LISTS:
       _flatten(path, child, f"{dotted}.", out)
       continue
     if dotted in out:

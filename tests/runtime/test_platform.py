@@ -1,4 +1,4 @@
-"""glmrl's library-wide settings (glmrl/__init__.py)."""
+"""JAX's platforms as glmrl chooses them when imported (glmrl/runtime/platform.py), and the way out of it."""
 
 import os
 import subprocess
@@ -39,7 +39,7 @@ def test_the_cpu_is_chosen_only_where_no_accelerator_is_seen(tpu_chips, nvidia, 
   NVIDIA GPU or JAX_PLATFORMS leaves JAX's choice alone."""
   import jax
 
-  import glmrl
+  from glmrl.runtime import platform
 
   monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id", lambda: (tpu_chips, None))
   monkeypatch.setattr(hardware_utils, "has_visible_nvidia_gpu", lambda: nvidia)
@@ -51,7 +51,21 @@ def test_the_cpu_is_chosen_only_where_no_accelerator_is_seen(tpu_chips, nvidia, 
   before = jax.config.jax_platforms
   jax.config.update("jax_platforms", None)
   try:
-    glmrl._cpu_alone_without_an_accelerator()  # pylint: disable=protected-access
+    platform._cpu_alone_without_an_accelerator()  # pylint: disable=protected-access
     assert (jax.config.jax_platforms == "cpu") == want_cpu, jax.config.jax_platforms
   finally:
     jax.config.update("jax_platforms", before)
+
+
+def test_a_library_user_can_leave_jax_its_own_choice():
+  """GLMRL_NO_PLATFORM_CHOICE=1: importing glmrl sets no platform (a notebook on another PJRT plugin)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "TPU_SKIP_MDS_QUERY")}
+  code = "import glmrl, jax; print(jax.config.jax_platforms)"
+  chosen = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+  left = subprocess.run([sys.executable, "-c", code], env={**env, "GLMRL_NO_PLATFORM_CHOICE": "1"}, cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+  assert left.returncode == 0, left.stderr
+  assert left.stdout.split() == ["None"]
+  if NO_ACCELERATOR:
+    assert chosen.stdout.split() == ["cpu"], chosen.stderr

@@ -1,4 +1,4 @@
-"""glmrl/distributed.py across processes: two processes x 4 CPU devices, set up by `distributed.initialize` as
+"""glmrl/runtime/distributed.py across processes: two processes x 4 CPU devices, set up by `distributed.initialize` as
 main.py does, dispatch independent programs with cross-process all-reduces back to back, jitted and compiled ahead
 of time. Without `one_program_at_a_time` the processes run them in different orders over gloo and hang (2 of 2
 launches past 100 s, where these finish in about 10 s; the compiled ones without their part of the patch, past
@@ -15,7 +15,7 @@ import sys
 import jax
 import pytest
 
-from glmrl import distributed
+from glmrl.runtime import distributed
 from glmrl.errors import UserError
 from tests.cli import TIMEOUT_S
 from tests.train.processes import env, free_port, run_processes
@@ -26,7 +26,7 @@ def _programs(process_id: int, port: int, cache: str) -> None:
   import numpy as np  # pylint: disable=import-outside-toplevel
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
 
-  from glmrl import compilation_cache  # pylint: disable=import-outside-toplevel
+  from glmrl.runtime import compilation_cache  # pylint: disable=import-outside-toplevel
 
   distributed.initialize(f"localhost:{port}", 2, process_id)
   assert compilation_cache.enable(cache) is None
@@ -57,7 +57,8 @@ def _auto_with_other_memory(process_id: int) -> dict:
   """The demo's `rollout.ar_weights=auto` where process 0's devices report 1 TiB and process 1's just its resident
   state (room for no generator copy): what each process's own memory picks, and what the run resolves."""
   from configs import demo  # pylint: disable=import-outside-toplevel
-  from glmrl import device_memory, sharding  # pylint: disable=import-outside-toplevel
+  from glmrl import sharding  # pylint: disable=import-outside-toplevel
+  from glmrl.runtime import device_memory
   from glmrl.programs import abstract, auto, plan  # pylint: disable=import-outside-toplevel
   from glmrl.train import setup  # pylint: disable=import-outside-toplevel
 
@@ -72,7 +73,7 @@ def _auto_with_other_memory(process_id: int) -> dict:
 
 def test_independent_programs_across_processes_on_cpus_run_one_at_a_time_without_the_compilation_cache(tmp_path):
   port, cache = free_port(), tmp_path / "cache"
-  outs = run_processes([[sys.executable, "-m", "tests.test_distributed", str(i), str(port), str(cache)]
+  outs = run_processes([[sys.executable, "-m", "tests.runtime.test_distributed", str(i), str(port), str(cache)]
                         for i in range(2)], {**env(4), "JAX_COMPILATION_CACHE_DIR": str(cache)}, timeout=TIMEOUT_S)
   assert not cache.exists()
   seen = [json.loads(out.strip().splitlines()[-1]) for out in outs]

@@ -13,9 +13,9 @@ from typing import Callable
 
 import jax
 
-from glmrl import distributed
-from glmrl import rendezvous
 from glmrl.errors import UserError
+from glmrl.runtime import distributed
+from glmrl.runtime import rendezvous
 
 
 class Refusal(UserError):

@@ -1,5 +1,5 @@
-"""The processes of a run meeting before jax.distributed (glmrl/rendezvous.py): each launch mistake is one line in
-the processes it concerns, within the deadline, and a good launch passes.
+"""The processes of a run meeting before jax.distributed (glmrl/runtime/rendezvous.py): each launch mistake is one
+line in the processes it concerns, within the deadline, and a good launch passes.
 
 The processes here are threads of the test's process calling `meet` as main.py's processes call it (the protocol
 is plain sockets); tests/test_main.py launches main.py itself as two processes that disagree."""
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from glmrl import rendezvous
+from glmrl.runtime import rendezvous
 from glmrl.errors import UserError
 from tests.train.processes import free_port
 

@@ -4,7 +4,7 @@
   error only it met says so first (`announce_exit`); every other process then exits too, with the same status and
   one line naming it, instead of waiting for it at the next collective; process 0 ends last (`exit_process`).
 - A peer that is lost (killed, out of memory, its host gone) stops sending the coordination service its heartbeats;
-  after `--distributed_heartbeat_timeout` seconds the service (recoverable, glmrl.distributed) counts it lost, and
+  after `--distributed_heartbeat_timeout` seconds the service (recoverable, `distributed`) counts it lost, and
   every surviving process ends with one line naming it and the run's last complete checkpoint, exit status 1, instead
   of a collective's traceback, the coordination service's errors and XLA's abort. A lost process 0 takes the
   coordination service with it: XLA ends the others within seconds with its own message.
@@ -19,7 +19,7 @@ import time
 
 import jax
 
-from glmrl import quiet_stderr
+from glmrl.runtime import quiet_stderr
 
 EXIT_KEY = "glmrl/exit"
 LEFT_KEY = "glmrl/left"
@@ -181,7 +181,7 @@ def _lost_line(me: int, lost: list[int], heartbeat_s: int | None, workdir: str |
 
 
 def _end(lost: list[int]) -> None:
-  from glmrl import distributed  # pylint: disable=import-outside-toplevel
+  from glmrl.runtime import distributed  # pylint: disable=import-outside-toplevel
 
   line = _lost_line(jax.process_index(), lost, distributed.heartbeat_timeout(), _workdir)
   os.write(quiet_stderr.console_fd(), (line + "\n").encode())

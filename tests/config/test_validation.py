@@ -3,10 +3,9 @@ import os
 
 import pytest
 
-from glmrl import config_checks
+from glmrl.config import inert, keys, rules, validation
 from configs import common
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.cli import ROOT
 
 
 def load_config(name, arg=None):
@@ -18,12 +17,12 @@ def load_config(name, arg=None):
 
 def test_missing_required_value_is_named():
   cfg = common.base_config()
-  with pytest.raises(config_checks.ConfigError, match=r"config.data.prompts_file is required"):
-    config_checks.validate(cfg)
+  with pytest.raises(rules.ConfigError, match=r"config.data.prompts_file is required"):
+    validation.validate(cfg)
 
 
 def test_demo_config_is_valid():
-  config_checks.validate(load_config("demo"))
+  validation.validate(load_config("demo"))
 
 
 def test_every_config_field_is_commented():
@@ -46,14 +45,14 @@ def test_range_errors(key, value, message):
   cfg = load_config("demo")
   section, field = key.split(".")
   cfg[section][field] = value
-  with pytest.raises(config_checks.ConfigError, match=message):
-    config_checks.validate(cfg)
+  with pytest.raises(rules.ConfigError, match=message):
+    validation.validate(cfg)
 
 
 def test_every_field_has_a_rule():
-  fields = set(config_checks.leaves(common.base_config()))
-  assert fields == set(config_checks.RULES), (sorted(fields - set(config_checks.RULES)),
-                                              sorted(set(config_checks.RULES) - fields))
+  fields = set(keys.leaves(common.base_config()))
+  assert fields == set(keys.RULES), (sorted(fields - set(keys.RULES)),
+                                              sorted(set(keys.RULES) - fields))
 
 
 @pytest.mark.parametrize("key,value,message", [
@@ -75,42 +74,42 @@ def test_every_kind_of_bad_value_names_the_key(key, value, message):
   cfg = load_config("demo")
   section, _, field = key.rpartition(".")
   (cfg[section] if section else cfg)[field] = value
-  with pytest.raises(config_checks.ConfigError) as e:
-    config_checks.validate(cfg)
+  with pytest.raises(rules.ConfigError) as e:
+    validation.validate(cfg)
   assert message in str(e.value)
 
 
 def test_rewards_are_checked_before_any_model_is_built():
   cfg = load_config("demo")
   cfg.rewards = [{"name": "brightnes", "weight": 1.0}]
-  with pytest.raises(config_checks.ConfigError, match=r"config.rewards\[0\].name='brightnes': no such reward"):
-    config_checks.validate(cfg)
+  with pytest.raises(rules.ConfigError, match=r"config.rewards\[0\].name='brightnes': no such reward"):
+    validation.validate(cfg)
   cfg.rewards = [{"name": "brightness", "weight": "1"}]
-  with pytest.raises(config_checks.ConfigError, match=r"config.rewards\[0\].weight='1': must be a finite number"):
-    config_checks.validate(cfg)
+  with pytest.raises(rules.ConfigError, match=r"config.rewards\[0\].weight='1': must be a finite number"):
+    validation.validate(cfg)
   cfg.rewards = [{"name": "brightness", "weight": 1.0, "kwarg": {}}]
-  with pytest.raises(config_checks.ConfigError, match=r"unknown key\(s\) \['kwarg'\]"):
-    config_checks.validate(cfg)
+  with pytest.raises(rules.ConfigError, match=r"unknown key\(s\) \['kwarg'\]"):
+    validation.validate(cfg)
 
 
 def test_eval_needs_held_out_prompts():
   cfg = load_config("demo")
-  with pytest.raises(config_checks.ConfigError, match="--mode=eval needs held-out prompts"):
-    config_checks.validate(cfg, mode="eval")
+  with pytest.raises(rules.ConfigError, match="--mode=eval needs held-out prompts"):
+    validation.validate(cfg, mode="eval")
   cfg.eval.interval = 5
-  with pytest.raises(config_checks.ConfigError, match="config.eval.interval=5 needs held-out prompts"):
-    config_checks.validate(cfg)
+  with pytest.raises(rules.ConfigError, match="config.eval.interval=5 needs held-out prompts"):
+    validation.validate(cfg)
   cfg.eval.prompts_file = cfg.data.prompts_file
-  config_checks.validate(cfg, mode="eval")
+  validation.validate(cfg, mode="eval")
 
 
 def test_type_rules_back_up_ml_collections():
   # Locked configs already refuse a wrong type; a config file building its own ConfigDict is caught here.
-  with pytest.raises(config_checks.ConfigError, match="config.model.remat=1: must be True or False, not int"):
-    config_checks.RULES["model.remat"].check("config.model.remat", 1)
-  with pytest.raises(config_checks.ConfigError, match="config.seed=True: must be an integer, not bool"):
-    config_checks.RULES["seed"].check("config.seed", True)
-  config_checks.RULES["optim.learning_rate"].check("config.optim.learning_rate", 1)  # ints are numbers
+  with pytest.raises(rules.ConfigError, match="config.model.remat=1: must be True or False, not int"):
+    keys.RULES["model.remat"].check("config.model.remat", 1)
+  with pytest.raises(rules.ConfigError, match="config.seed=True: must be an integer, not bool"):
+    keys.RULES["seed"].check("config.seed", True)
+  keys.RULES["optim.learning_rate"].check("config.optim.learning_rate", 1)  # ints are numbers
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -129,8 +128,8 @@ def test_sliding_window_and_guard_settings(overrides, message):
       cfg.decoder[key].update(value)
     else:
       cfg.decoder[key] = value
-  with pytest.raises(config_checks.ConfigError, match=message):
-    config_checks.validate(cfg)
+  with pytest.raises(rules.ConfigError, match=message):
+    validation.validate(cfg)
 
 
 @pytest.mark.parametrize("impl,backend,message", [("cudnn", "gpu", "cuDNN flash attention needs NVIDIA GPUs"),
@@ -141,37 +140,37 @@ def test_a_flash_kernel_needs_its_platform_here_or_as_the_compile_target(impl, b
   cfg = load_config("demo")
   cfg.model.dit_attention = impl
   if jax.default_backend() == backend:
-    config_checks.validate(cfg)
+    validation.validate(cfg)
   else:
-    with pytest.raises(config_checks.ConfigError, match=message):
-      config_checks.validate(cfg)
+    with pytest.raises(rules.ConfigError, match=message):
+      validation.validate(cfg)
   # --mode=compile checks the kernel against its target's platform, whatever this host's is.
   own, other = ("h100-8", "v5p-8") if impl == "cudnn" else ("v5p-8", "h100-8")
   cfg.compile.topology, cfg.model.compute_dtype = own, "bfloat16"
-  config_checks.validate(cfg, mode="compile")
+  validation.validate(cfg, mode="compile")
   cfg.compile.topology = other
-  with pytest.raises(config_checks.ConfigError, match=f"{message}; --config.compile.topology={other} is a"):
-    config_checks.validate(cfg, mode="compile")
+  with pytest.raises(rules.ConfigError, match=f"{message}; --config.compile.topology={other} is a"):
+    validation.validate(cfg, mode="compile")
   if impl == "cudnn":  # and it takes 16-bit operands only
     cfg.compile.topology, cfg.model.compute_dtype = own, "float32"
-    with pytest.raises(config_checks.ConfigError, match="cuDNN flash attention takes 16-bit operands; "
+    with pytest.raises(rules.ConfigError, match="cuDNN flash attention takes 16-bit operands; "
                                                         "config.model.compute_dtype='float32'"):
-      config_checks.validate(cfg, mode="compile")
+      validation.validate(cfg, mode="compile")
 
 
 def test_wandb_logging_names_its_package_and_modes(monkeypatch):
   cfg = load_config("demo")
   cfg.log.wandb, cfg.log.wandb_mode = True, "offline"
-  config_checks.validate(cfg)
+  validation.validate(cfg)
   cfg.log.wandb_mode = "cloud"
-  with pytest.raises(config_checks.ConfigError, match=r"config.log.wandb_mode='cloud'"):
-    config_checks.validate(cfg)
+  with pytest.raises(rules.ConfigError, match=r"config.log.wandb_mode='cloud'"):
+    validation.validate(cfg)
   cfg.log.wandb_mode = "online"
   real = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-  with pytest.raises(config_checks.ConfigError, match=r"config.log.wandb=True: needs the wandb package: pip install "
+  with pytest.raises(rules.ConfigError, match=r"config.log.wandb=True: needs the wandb package: pip install "
                                                       r"-r requirements-wandb.txt"):
-    config_checks.validate(cfg)
+    validation.validate(cfg)
 
 
 def test_a_config_file_older_than_a_key_is_told_which_key_is_missing():
@@ -179,25 +178,25 @@ def test_a_config_file_older_than_a_key_is_told_which_key_is_missing():
   import ml_collections
   old = load_config("demo").to_dict()
   del old["log"]["wandb"], old["optim"]["eps"]
-  with pytest.raises(config_checks.ConfigError, match=r"config.optim.eps is missing \(and 1 more key\(s\)\): the "
+  with pytest.raises(rules.ConfigError, match=r"config.optim.eps is missing \(and 1 more key\(s\)\): the "
                                                       r"config file predates it"):
-    config_checks.validate(ml_collections.ConfigDict(old))
+    validation.validate(ml_collections.ConfigDict(old))
 
 
 def _other_value(key, default):
   """A value of `key` that its rule accepts and that differs from `default` (None when no candidate does)."""
-  rule = config_checks.RULES[key]
+  rule = keys.RULES[key]
   options = [True, False, 1, 2, 3, 7, 0.5, 0.25, 1.5, 2.0, "ghuber", "cps", "high_noise", "stratified", "batch",
-             "nft", "awm", "dgpo", "flow_grpo", "sde", "density", "shared", "batch", "group", "disabled", "sequence_mask", "x", (0, 1),
-             (1, 3)]
+             "nft", "awm", "dgpo", "flow_grpo", "sde", "density", "shared", "batch", "group", "disabled", "sequence_mask",
+             "x", (0, 1), (1, 3)]
   if isinstance(default, str):
     options = [o for o in options if isinstance(o, str)] + [default + "x"]
   for value in options:
     try:
       rule.check(key, value)
-    except config_checks.ConfigError:
+    except rules.ConfigError:
       continue
-    if config_checks._differs(value, default):  # pylint: disable=protected-access
+    if inert.differs(value, default):  # pylint: disable=protected-access
       return value
   return None
 
@@ -228,7 +227,7 @@ def _draft_reads(config):
       node, k = parent[node]
       parts.append(k)
     return ".".join(reversed(parts))
-  return {path(node, key) for node, key in reads} & set(config_checks.RULES)
+  return {path(node, key) for node, key in reads} & set(keys.RULES)
 
 
 # Runs of each policy and decoder algorithm, and settings that make the conditional readers read.
@@ -259,20 +258,20 @@ def test_the_inert_key_table_claims_every_conditional_key_and_never_refuses_a_re
   """Walks the key table: every key of the decoder's section is claimed (a run without the decoder policy reads
   none); each claimed key set away from its default is refused in one line naming its reader in some run and
   accepted in another; and no key that a run's policies read while binding to its config is refused there."""
-  defaults = config_checks.leaves(common.base_config())
+  defaults = keys.leaves(common.base_config())
   claimed = {}
-  for keys, _, _, reader in config_checks.READ_WHEN:
-    for key in keys:
+  for row_keys, _, _, reader in inert.READ_WHEN:
+    for key in row_keys:
       claimed.setdefault(key, []).append(reader)
-  decoder_keys = {k for k in config_checks.RULES if k.startswith("decoder.")}
+  decoder_keys = {k for k in keys.RULES if k.startswith("decoder.")}
   assert decoder_keys <= set(claimed), sorted(decoder_keys - set(claimed))
-  assert set(claimed) <= set(config_checks.RULES), sorted(set(claimed) - set(config_checks.RULES))
+  assert set(claimed) <= set(keys.RULES), sorted(set(claimed) - set(keys.RULES))
 
   def refusal(settings, key, value, mode="train"):
-    values = config_checks.leaves(_scenario({**settings, key: value}))
+    values = keys.leaves(_scenario({**settings, key: value}))
     try:
-      config_checks._check_read(values, mode)  # pylint: disable=protected-access
-    except config_checks.ConfigError as e:
+      inert.check_read(values, mode)  # pylint: disable=protected-access
+    except rules.ConfigError as e:
       return str(e)
     return None
 
@@ -289,12 +288,12 @@ def test_the_inert_key_table_claims_every_conditional_key_and_never_refuses_a_re
   # algorithm (a row deciding by a setting's value, e.g. decoder.ema.every, is not seen at binding).
   binding = ("train.policies", "decoder.algorithm")
   for settings in _SCENARIOS:
-    values = config_checks.leaves(_scenario(settings))
+    values = keys.leaves(_scenario(settings))
     read = _draft_reads(_scenario(settings))
-    for keys, decider, is_read, reader in config_checks.READ_WHEN:
+    for row_keys, decider, is_read, reader in inert.READ_WHEN:
       deciders = decider if isinstance(decider, tuple) else (decider,)
       if deciders[0] not in binding:
         continue
       setting = tuple(values[k] for k in decider) if isinstance(decider, tuple) else values[decider]
-      wrongly = sorted(k for k in keys if k in read and not is_read(setting))
+      wrongly = sorted(k for k in row_keys if k in read and not is_read(setting))
       assert not wrongly, f"{settings}: {wrongly} are read by the bound policies, yet only {reader} is said to"

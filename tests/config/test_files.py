@@ -1,4 +1,4 @@
-"""Configs as data (glmrl/config_files.py): YAML and JSON mappings layered on configs/common.py or a named base
+"""Configs as data (glmrl/config/files.py): YAML and JSON mappings layered on configs/common.py or a named base
 recipe, read once and faithfully (duplicate keys, YAML 1.2 numbers, JSON by a JSON parser, null, aliases), each
 mistake one line at its file's line; a run's own config.json gives the run's config back, from any folder."""
 
@@ -8,7 +8,8 @@ import os
 import pytest
 
 from configs import common, demo
-from glmrl import config_checks, config_files
+from glmrl.config import keys
+from glmrl.config import files as config_files
 from glmrl.errors import UserError
 from glmrl.train import resolved_config
 from tests.cli import assert_one_line_error, completed, main_in_process
@@ -22,7 +23,7 @@ def test_nested_and_dotted_keys_layer_on_the_defaults(tmp_path):
   want = common.base_config()
   want.model.preset, want.train.num_steps, want.optim.learning_rate = "tiny", 7, 1.0
   want.decoder.window_range, want.rewards = (0, 3), ({"name": "brightness", "weight": 1.0},)
-  assert config_checks.leaves(got) == config_checks.leaves(want)
+  assert keys.leaves(got) == keys.leaves(want)
   assert isinstance(got.optim.learning_rate, float) and isinstance(got.decoder.window_range, tuple)
   assert json.loads(got.to_json_best_effort(sort_keys=True)) == json.loads(want.to_json_best_effort(sort_keys=True))
 
@@ -34,9 +35,9 @@ def test_a_runs_config_json_gives_the_run_back(tmp_path):
   config.train.num_steps = 3
   path = resolved_config.write(config, str(tmp_path))
   got = config_files.layered(path)
-  assert config_checks.leaves(got) == config_checks.leaves(config)
-  assert [type(v) for v in config_checks.leaves(got).values()] == \
-      [type(v) for v in config_checks.leaves(config).values()]
+  assert keys.leaves(got) == keys.leaves(config)
+  assert [type(v) for v in keys.leaves(got).values()] == \
+      [type(v) for v in keys.leaves(config).values()]
   assert isinstance(got.rewards, tuple) and len(got.rewards) == len(config.rewards)
   assert json.loads(got.to_json_best_effort(sort_keys=True)) == json.loads(config.to_json_best_effort(sort_keys=True))
 
@@ -111,7 +112,7 @@ def test_yaml_1_2_numbers_json_with_tabs_and_a_byte_order_mark_merge_keys_and_a_
   based.write_text("base: configs/demo.py\noptim: {learning_rate: 0.5}\n")
   want = demo.get_config()
   want.optim.learning_rate = 0.5
-  assert config_checks.leaves(config_files.layered(str(based))) == config_checks.leaves(want)
+  assert keys.leaves(config_files.layered(str(based))) == keys.leaves(want)
 
 
 def test_a_file_that_is_not_utf8_names_its_line(tmp_path):

@@ -1,11 +1,11 @@
-"""The persistent compilation cache main.py turns on by default (glmrl/compilation_cache.py): a second run of the
-same config loads every program the first compiled; a folder that cannot be written is one warning."""
+"""The persistent compilation cache main.py turns on by default (glmrl/runtime/compilation_cache.py): a second run
+of the same config loads every program the first compiled; a folder that cannot be written is one warning."""
 
 import os
 
 import jax
 
-from glmrl import compilation_cache
+from glmrl.runtime import compilation_cache
 from tests.cli import run_main
 
 

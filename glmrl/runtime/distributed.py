@@ -10,7 +10,7 @@ Every process runs the same program on the same host data (the prompt iterator a
 deterministic), places its own devices' shards of each batch (`sharding.put`), computes host-side
 rewards for its own samples, and writes its shards of each checkpoint; process 0 alone writes
 metrics, images and the run's JSON records. What they decide together (a refusal, the step to stop at, the step
-restored) is `glmrl.agreement`'s; how each watches the others (a peer's exit, a lost process), `glmrl.peers`'.
+restored) is `agreement`'s; how each watches the others (a peer's exit, a lost process), `peers`'.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import time
 import jax
 from absl import logging
 
-from glmrl import peers
-from glmrl import quiet_stderr
-from glmrl import rendezvous
 from glmrl.errors import UserError
+from glmrl.runtime import peers
+from glmrl.runtime import quiet_stderr
+from glmrl.runtime import rendezvous
 
 
 # What a process started by `srun` holds (jax's SlurmCluster reads them); an `salloc` shell has SLURM_NTASKS alone.
@@ -56,7 +56,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S) -> None:
   """Starts jax.distributed when several processes run; nothing for a single process.
 
-  With explicit flags the processes first meet (`glmrl.rendezvous.meet`, within `timeout_s`) and compare `facts`
+  With explicit flags the processes first meet (`glmrl.runtime.rendezvous.meet`, within `timeout_s`) and compare `facts`
   (mode, workdir, config, versions: what every process must hold equally), so that a launch mistake is one UserError
   in the processes it concerns instead of a hang or an abort inside jax; detected launches (SLURM, Cloud TPU)
   compare them once jax.distributed runs (`agreement.same_facts`).
@@ -64,7 +64,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   JAX's preemption service stays off: its SIGTERM handler (XLA's, in C++) would replace glmrl's, which stops every
   process at one step on SIGTERM and SIGINT alike, also mid-compile (glmrl.checkpoint.signals). The coordination
   service runs recoverable: a lost process is marked so after `heartbeat_timeout_s` instead of aborting every
-  other one inside XLA, and `glmrl.peers` ends them with one line."""
+  other one inside XLA, and `glmrl.runtime.peers` ends them with one line."""
   explicit = (coordinator_address, num_processes, process_id)
   launched = any(v is not None for v in explicit)  # by the flags; else detected from the environment
   if launched:
@@ -91,7 +91,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     jax.distributed.initialize(**kwargs, initialization_timeout=timeout_s, heartbeat_timeout_seconds=heartbeat_timeout_s)
   _heartbeat_s[0] = heartbeat_timeout_s
   if not launched:
-    from glmrl import agreement  # pylint: disable=import-outside-toplevel  (it imports this module)
+    from glmrl.runtime import agreement  # pylint: disable=import-outside-toplevel  (it imports this module)
 
     agreement.same_facts(facts)
   if jax.default_backend() == "cpu":
@@ -139,7 +139,7 @@ def one_program_at_a_time() -> None:
   their messages over the same pairs in whatever order each process's threads reach them: one process's
   all-reduce meets the other's all-gather ("Received data size doesn't match expected size. Is there a
   distributed collective mismatch in your code?") or both wait for ever. Two processes x 4 CPU devices that
-  dispatch four independent all-reduces back to back hang (tests/test_distributed.py). Accelerators run a
+  dispatch four independent all-reduces back to back hang (tests/runtime/test_distributed.py). Accelerators run a
   device's programs in the order they were dispatched, which every process shares; they keep JAX's asynchronous
   dispatch.
 

@@ -1,6 +1,6 @@
 """The line a process of a pod run ends with when the coordination service counts processes lost."""
 
-from glmrl import peers
+from glmrl.runtime import peers
 
 
 def test_a_lost_peer_is_named_with_the_heartbeat_bound_and_where_to_resume():

@@ -18,7 +18,7 @@ import uuid
 import jax
 from absl import logging
 
-from glmrl import distributed
+from glmrl.runtime import distributed
 
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "glmrl", "jax")
 ENV = "JAX_COMPILATION_CACHE_DIR"

@@ -1,8 +1,8 @@
-"""glmrl.device_memory: what the backend reports, and nothing where it reports nothing."""
+"""glmrl.runtime.device_memory: what the backend reports, and nothing where it reports nothing."""
 
 import jax
 
-from glmrl import device_memory
+from glmrl.runtime import device_memory
 
 
 class _Device:

@@ -1,4 +1,4 @@
-"""glmrl/agreement.py: what the processes of a run decide together, in one process and across two real processes
+"""glmrl/runtime/agreement.py: what the processes of a run decide together, in one process and across two real processes
 (set up by `distributed.initialize` as main.py does, no model): a refusal, a crash, the stop step, the restored
 step and the facts of a detected launch end alike in every process, naming the process."""
 
@@ -8,8 +8,8 @@ import sys
 import jax
 import pytest
 
-from glmrl import agreement
-from glmrl import distributed
+from glmrl.runtime import agreement
+from glmrl.runtime import distributed
 from glmrl.errors import UserError
 from tests.cli import TIMEOUT_S
 from tests.train.processes import env, free_port, run_processes
@@ -59,7 +59,7 @@ def _decisions(process_id: int, port: int) -> None:
 
 def test_two_processes_decide_together():
   port = free_port()
-  outs = run_processes([[sys.executable, "-m", "tests.test_agreement", str(i), str(port)] for i in range(2)],
+  outs = run_processes([[sys.executable, "-m", "tests.runtime.test_agreement", str(i), str(port)] for i in range(2)],
                        env(2), timeout=TIMEOUT_S)
   got = [json.loads(out.strip().splitlines()[-1]) for out in outs]
   for one in got:
