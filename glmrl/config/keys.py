@@ -12,6 +12,7 @@ from glmrl.config.choices import DTYPES, POLICIES, REWARD_LISTS
 from glmrl.config.rules import (BOOL, CLIP_LOW, MESH_AXIS, NON_NEGATIVE, PIXELS, POSITIVE, STRING, UNIT_OPEN, Rule,
                                 choice, integer, number)
 from glmrl.data import benchmarks
+from glmrl.errors import UserError
 from glmrl.evaluation import report as eval_report
 from glmrl.grpo import advantages as grpo_advantages
 from glmrl.grpo import flow as grpo_flow
