@@ -15,8 +15,11 @@ Two reading rules, one scorer each:
   no wheel on PyPI ships those weights for ONNX Runtime, so both rules read with the models above, and the numbers
   are comparable with Flow-GRPO's only as far as the two recognisers agree.
 
-An image the engine cannot read (it raises, e.g. an 8 x 4096 strip) reads as nothing, logged in one line on the
-server's stderr: that image scores as a failed read (Flow-GRPO's maximum penalty), the rest of the request its own.
+An image the engine cannot size (its resize fails: e.g. an 8 x 4096 strip) reads as nothing, logged in one line on
+the server's stderr: that image scores as a failed read (Flow-GRPO's maximum penalty), the rest of the request its
+own. Any other failure of the engine (a broken ONNX Runtime, missing model files) fails the request, and so does a
+request none of whose images could be read: the server answers 500 naming the error, and the trainer's reward
+fails, rather than every image reading as nothing and every group scoring zero.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ import threading
 import numpy as np
 
 try:
+  import cv2
   from rapidocr_onnxruntime import RapidOCR
+  from rapidocr_onnxruntime.ch_ppocr_det import utils as det_utils
+  from rapidocr_onnxruntime.utils import process_img
 except ImportError as e:  # the server reports it in one line
   # OpenCV (a rapidocr dependency) loads the system's libGL even headless.
   fix = "apt-get install libgl1" if "libGL" in str(e) else "pip install -r requirements-ocr.txt"
@@ -42,6 +48,9 @@ MIN_CONFIDENCE = 0.5
 # spaces. The figures of both: docs/benchmarks.md, "Measurements behind the library's defaults".
 _ENGINE = RapidOCR(det_limit_type="max", det_limit_side_len=960, det_unclip_ratio=2.0)
 _LOCK = threading.Lock()  # one ONNX Runtime session pair, not documented as safe to share across threads
+# What the engine raises for an image it cannot size (rapidocr wraps OpenCV's resize error in its own, in both of
+# its resize steps): that image's failure alone. Anything else is the engine's.
+UNREADABLE = (process_img.ResizeImgError, det_utils.ResizeImgError, cv2.error)
 
 
 def reading_order(lines: list) -> list[str]:
@@ -80,15 +89,19 @@ def read_one(image: np.ndarray, rule=reading_order) -> str:
 
 
 def _read_all(images, rule) -> list[str]:
-  out = []
+  out, unreadable = [], []
   for i, image in enumerate(images):
     image = np.asarray(image)
     try:
       out.append(read_one(image, rule))
-    except Exception as e:  # pylint: disable=broad-except  # the engine's failure is this image's alone
+    except UNREADABLE as e:  # this image's alone
       print(f"OCR: image {i} of the request ({image.shape[1]} x {image.shape[0]}) could not be read "
             f"({type(e).__name__}: {e}); it reads as nothing", file=sys.stderr, flush=True)
+      unreadable.append(f"{image.shape[1]} x {image.shape[0]}")
       out.append("")
+  if out and len(unreadable) == len(out):
+    raise RuntimeError(f"OCR: none of the request's {len(out)} image(s) could be read (sizes {unreadable[:4]}): the "
+                       "engine sizes no image it is given")
   return out
 
 
