@@ -100,8 +100,8 @@ def test_dgpo_demo_trains_through_main(tmp_path):
   """`:dgpo` as released (rollouts at CFG 4.5, a CFG-free loss, clip_dsm against the moving average), but for a clip
   range of 1e-5, past which an image's error ratio moves in one update: at the first update the adapters are the
   base (LoRA B = 0), so every group's DPO weight is sigmoid(0) = 0.5 exactly and the average is the adapters (its
-  ratios are 1 to float32 rounding, below 1e-5 at 1e-9 some clip: nothing clips); after it they are not, and some
-  images must clip. The average clip_dsm reads is saved beside the adapters and their optimizer."""
+  ratios equal 1 to float32 rounding: at a range of 1e-9 some clipped, at 1e-5 none does); after it they are not,
+  and some images must clip. The average clip_dsm reads is saved beside the adapters and their optimizer."""
   workdir = tmp_path / "dgpo"
   completed("--config=configs/demo_decoder.py:dgpo", "--config.train.num_steps=2", "--config.checkpoint.save_interval=2",
             "--config.decoder.clip_range=1e-5", tmp_path=workdir)
