@@ -75,6 +75,9 @@ DGPO = Recipe("dgpo", "Luo-Yihong/DGPO", "01ceb4b", "config/dgpo.py:general_ocr_
             "decoder.ema.decay", 0.3),
     Setting("ema_ref decay ... 0.001 * global_step", f"{_DGPO_TRAIN}:1176",
             "ema_ref_decay = min(0.3, 0.001 * global_step)", "decoder.ema.ramp", 0.001),
+    # The decay is read before the step is counted: the n-th optimizer step decays by 0.001 (n - 1), the first by 0.
+    Setting("global_step counted after ema_ref.step", f"{_DGPO_TRAIN}:1210", "global_step += 1",
+            "decoder.ema.flat", 1),
     Setting("train.beta_dpo", f"{_DGPO_CFG}:32", "config.train.beta_dpo = 100", "decoder.dgpo_beta", 100.0),
     Setting("train.beta", f"{_DGPO_CFG}:115", "config.train.beta = 0.02", "decoder.beta", 0.02),
     Setting("sample.global_std", f"{_DGPO_CFG}:124", "config.sample.global_std = True", "decoder.adv_std", "batch"),

@@ -81,3 +81,26 @@ def test_diffusion_nft_ocr_recipe_decays_as_its_training_loop_counts_them():
   default = ema.EmaSettings(decay=0.5, every=1, ramp=0.001)
   np.testing.assert_allclose([default.decay_at(s) for s in range(1, 301)], diffusion_nft_old_policy_decays(1, 1, 300),
                              rtol=1e-12, atol=0)
+
+
+def dgpo_ema_ref_decays(optimizer_steps: int) -> list[float]:
+  """The decay of each optimizer step's ema_ref update as DGPO's loop drives it (Luo-Yihong/DGPO
+  scripts/train_sd3_dgpo.py at 01ceb4b): `ema_ref_decay = min(0.3, 0.001 * global_step)` and `ema_ref.step` after
+  the optimizer's step (lines 1176-1177), `global_step += 1` after them (line 1210), global_step from 0."""
+  global_step, out = 0, []
+  for _ in range(optimizer_steps):
+    out.append(min(0.3, 0.001 * global_step))
+    global_step += 1
+  return out
+
+
+def test_dgpo_recipe_decays_its_average_as_its_training_loop_counts_them():
+  """`:dgpo`'s rows (configs/released.py) give DGPO's decay at each of 300 updates: 0 at the first (its step is
+  counted after the decay is read), 0.001 (n - 1) at the n-th, 0.3 from the 301st on."""
+  from configs import demo_decoder
+  from glmrl.policy import dit
+
+  settings = dit.settings_of(demo_decoder.get_config("dgpo")).ema  # as the policy binds them
+  np.testing.assert_allclose([settings.decay_at(s) for s in range(1, 301)], dgpo_ema_ref_decays(300), rtol=1e-12,
+                             atol=1e-15)
+  assert settings.decay_at(1) == 0.0 and settings.decay_at(302) == 0.3
