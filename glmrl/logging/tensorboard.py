@@ -31,6 +31,7 @@ class Events:
   def __init__(self, logdir: str):
     self._logdir = logdir
     self._writer = None  # tensorboardX's EventsWriter, from the first event on
+    self._tbx = None  # (tensorboardX.summary, its Event proto), imported with the writer
     self._stopped = False
     self._last_flush = time.monotonic()
 
@@ -48,8 +49,11 @@ class Events:
       return None
 
   def _open(self):
+    from tensorboardX import summary  # pylint: disable=import-outside-toplevel
     from tensorboardX.event_file_writer import EventsWriter  # pylint: disable=import-outside-toplevel
+    from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
 
+    self._tbx = (summary, event_pb2)
     return EventsWriter(os.path.join(self._logdir, "events"))
 
   def _add(self, summary_of, step: int) -> None:
@@ -60,9 +64,7 @@ class Events:
       self._writer = self._guarded(self._open)
       if self._writer is None:
         return
-    from tensorboardX import summary  # pylint: disable=import-outside-toplevel
-    from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
-
+    summary, event_pb2 = self._tbx
     event = event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary_of(summary))
     self._guarded(lambda: self._writer.write_event(event))
     if time.monotonic() - self._last_flush > FLUSH_SECONDS:

@@ -187,7 +187,7 @@ def _other_value(key, default):
   """A value of `key` that its rule accepts and that differs from `default` (None when no candidate does)."""
   rule = keys.RULES[key]
   options = [True, False, 1, 2, 3, 7, 0.5, 0.25, 1.5, 2.0, "ghuber", "cps", "high_noise", "stratified", "batch",
-             "nft", "awm", "dgpo", "flow_grpo", "sde", "density", "shared", "batch", "group", "disabled", "sequence_mask",
+             "nft", "awm", "dgpo", "flow_grpo", "sde", "density", "shared", "group", "disabled", "sequence_mask",
              "x", (0, 1), (1, 3)]
   if isinstance(default, str):
     options = [o for o in options if isinstance(o, str)] + [default + "x"]
