@@ -22,6 +22,7 @@ same line in every process, a signal to any of them stops all after the same ste
 others with one line (exit 1) after --distributed_heartbeat_timeout.
 """
 
+import functools
 import importlib
 import os
 import signal
@@ -191,6 +192,7 @@ def _end_run(line: str, status: int) -> None:
 def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]}: every setting is a --flag (python main.py --help)")
+  from glmrl.checkpoint.manager import resume_point  # pylint: disable=import-outside-toplevel
   from glmrl.checkpoint.signals import StopSignal  # pylint: disable=import-outside-toplevel
   from glmrl.runtime import agreement, compilation_cache, gc_tuning  # pylint: disable=import-outside-toplevel
 
@@ -199,9 +201,11 @@ def main(argv):
   try:
     # A signal ends any mode within a second, also inside an XLA compile; train saves its finished steps first.
     with StopSignal(what=f"--mode={_MODE.value} stopped"):
-      distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                             _DISTRIBUTED_TIMEOUT.value, _run_facts(_CONFIG.value), _HEARTBEAT_TIMEOUT.value)
-      peers.watch(_WORKDIR.value, StopSignal.peer_exited)
+      facts = _run_facts(_CONFIG.value)
+      if distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                _DISTRIBUTED_TIMEOUT.value, facts, _HEARTBEAT_TIMEOUT.value):
+        agreement.same_facts(facts)  # a detected launch: compared once jax.distributed runs
+      peers.watch(StopSignal.peer_exited, functools.partial(resume_point, _WORKDIR.value), _HEARTBEAT_TIMEOUT.value)
       agreement.checked(_launch_checks)
       compilation_cache.enable(compilation_cache.folder(_CACHE.value))
       kwargs = {"use_ema": True} if _USE_EMA.value else {}

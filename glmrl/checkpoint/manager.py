@@ -265,6 +265,13 @@ def last_complete(workdir: str) -> tuple[int, str] | None:
   return None
 
 
+def resume_point(workdir: str) -> str:
+  """Where a stopped run of `workdir` resumes from, as a line says it (`glmrl.runtime.peers`' end of a lost run)."""
+  saved = last_complete(workdir)
+  return (f"the last complete checkpoint is step {saved[0]} ({saved[1]})" if saved
+          else "no checkpoint of this run is complete")
+
+
 def restore_trained_params(workdir: str, like_states: dict, step: int | None = None):
   """({item: params state}, step) of the newest training checkpoint in `<workdir>/checkpoints` whose every item of
   `like_states` restores (of `step` alone when given: CheckpointError when it does not restore), or (None, None)

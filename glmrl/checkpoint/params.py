@@ -20,7 +20,6 @@ from etils import epath
 from flax import nnx
 
 from glmrl.errors import UserError
-from glmrl.models.init_rngs import InitRngs
 
 # Where a component's parameter pytree lives inside its converted folder.
 PARAMS_DIR = "params"
@@ -175,20 +174,3 @@ def read_config(directory: str, from_hf: Callable[[dict], Any], hint: str, name:
       return from_hf(json.load(f))
     except json.JSONDecodeError as e:
       raise ValueError(f"{path}: not valid JSON ({e})") from e
-
-
-def load_module(directory: str, config_cls, module_cls, sharding=None, *, how_to_make: str, **config_overrides):
-  """`module_cls(config_cls.from_hf(<directory>/config.json))` with its parameters restored from
-  `directory` onto `sharding` (default: the first device); keyword arguments replace config fields.
-
-  `how_to_make`: how a user writes such a folder, said when config.json is missing. The module is
-  built abstractly (nothing allocated); non-parameter variables (buffers, RNG counters) are computed
-  under jit, where the unused initialisers are dead code.
-  """
-  cfg = read_config(directory, config_cls.from_hf, how_to_make)
-  if config_overrides:
-    cfg = dataclasses.replace(cfg, **config_overrides)
-  graphdef, abstract, rest = nnx.split(nnx.eval_shape(lambda: module_cls(cfg, rngs=InitRngs(0))), nnx.Param, ...)
-  if jax.tree.leaves(rest):
-    rest = jax.jit(lambda: nnx.split(module_cls(cfg, rngs=InitRngs(0)), nnx.Param, ...)[2])()
-  return nnx.merge(graphdef, restore_params(directory, abstract, sharding or first_device()), rest)

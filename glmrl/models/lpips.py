@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from glmrl.checkpoint import params as params_lib
+from glmrl.models.stored_module import load_module
 from glmrl.models.vgg import VGG16Config, VGG16Features
 from glmrl.sharding import CONV_IN, CONV_OUT
 
@@ -126,6 +126,6 @@ def _unit_features(f_BxhxwxC: jax.Array) -> jax.Array:
 
 
 def load_lpips(weights_dir: str, sharding=None, **config_overrides) -> LPIPS:
-  """The LPIPS model stored by `python -m checkpoints_convert.lpips` in `weights_dir` (`params_lib.load_module`)."""
-  return params_lib.load_module(weights_dir, LPIPSConfig, LPIPS, sharding, **config_overrides,
+  """The LPIPS model stored by `python -m checkpoints_convert.lpips` in `weights_dir` (`load_module`)."""
+  return load_module(weights_dir, LPIPSConfig, LPIPS, sharding, **config_overrides,
                                 how_to_make="convert the published files with `python -m checkpoints_convert.lpips`")

@@ -72,7 +72,7 @@ def make_image_reward(model, tokenizer: PromptTokenizer | None, processing: Imag
 
 @functools.lru_cache(maxsize=4)
 def _load(ckpt_dir: str, sharding):
-  from glmrl.checkpoint.params import load_module
+  from glmrl.models.stored_module import load_module
   from glmrl.models.blip.config import ImageRewardConfig
   from glmrl.models.blip.model import ImageRewardModel
 

@@ -53,13 +53,15 @@ HEARTBEAT_TIMEOUT_S = 100
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, timeout_s: int = START_TIMEOUT_S, facts: dict | None = None,
-               heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S) -> None:
-  """Starts jax.distributed when several processes run; nothing for a single process.
+               heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S) -> bool:
+  """Starts jax.distributed when several processes run; nothing for a single process. True when the processes
+  were detected from the environment: their `facts` are the caller's to compare (`agreement.same_facts`, which
+  builds on this module).
 
   With explicit flags the processes first meet (`glmrl.runtime.rendezvous.meet`, within `timeout_s`) and compare `facts`
   (mode, workdir, config, versions: what every process must hold equally), so that a launch mistake is one UserError
   in the processes it concerns instead of a hang or an abort inside jax; detected launches (SLURM, Cloud TPU)
-  compare them once jax.distributed runs (`agreement.same_facts`).
+  compare them once jax.distributed runs.
 
   JAX's preemption service stays off: its SIGTERM handler (XLA's, in C++) would replace glmrl's, which stops every
   process at one step on SIGTERM and SIGINT alike, also mid-compile (glmrl.checkpoint.signals). The coordination
@@ -74,9 +76,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     if not 0 <= process_id < num_processes:
       raise UserError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
     if num_processes == 1:
-      return
+      return False
   elif not detected():
-    return
+    return False
   # Collectives of the CPU backend (the compute backend of CPU runs); accelerators bring their own.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.config.update("jax_enable_preemption_service", False)
@@ -89,21 +91,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     kwargs = {}
   with quiet_stderr.without(_RECOVERABLE_NOTICE):
     jax.distributed.initialize(**kwargs, initialization_timeout=timeout_s, heartbeat_timeout_seconds=heartbeat_timeout_s)
-  _heartbeat_s[0] = heartbeat_timeout_s
-  if not launched:
-    from glmrl.runtime import agreement  # pylint: disable=import-outside-toplevel  (it imports this module)
-
-    agreement.same_facts(facts)
   if jax.default_backend() == "cpu":
     one_program_at_a_time()
-
-
-_heartbeat_s = [None]
-
-
-def heartbeat_timeout() -> int | None:
-  """The heartbeat timeout the coordination service runs with (None without one)."""
-  return _heartbeat_s[0]
+  return not launched
 
 
 # What XLA's coordination service logs once, at its start, when it runs recoverable (glmrl's choice, above).

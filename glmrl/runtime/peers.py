@@ -31,7 +31,7 @@ LEAVE_WAIT_S = 30  # the longest a process waits for another to leave
 
 _watching = threading.Event()
 _threads = []
-_workdir = None
+_watched = {}  # what `watch` was given: "resume" (where the run resumes from, said when a peer is lost), "heartbeat_s"
 
 
 def _state():
@@ -44,13 +44,14 @@ def _client():
   return _state().client
 
 
-def watch(workdir: str, on_peer_exit) -> None:
+def watch(on_peer_exit, resume, heartbeat_s: int | None = None) -> None:
   """Starts watching the other processes (nothing in a single process). `on_peer_exit(notice)`: what this process
-  does when a peer exits at once (`announce_exit`'s notice, with the peer's "process"); it does not return."""
-  global _workdir
+  does when a peer exits at once (`announce_exit`'s notice, with the peer's "process"); it does not return.
+  `resume()`: where the run resumes from, said when a peer is lost (e.g. "the last complete checkpoint is step 4
+  (DIR)", `glmrl.checkpoint.manager.resume_point`); `heartbeat_s`: the coordination service's heartbeat timeout."""
   if jax.process_count() == 1 or _watching.is_set():
     return
-  _workdir = workdir
+  _watched.update(resume=resume, heartbeat_s=heartbeat_s)
   _watching.set()
   _threads[:] = [threading.Thread(target=_watch_exits, args=(on_peer_exit,), name="peer-exits", daemon=True),
                  threading.Thread(target=_watch_liveness, name="peer-liveness", daemon=True)]
@@ -158,17 +159,12 @@ def _watch_liveness() -> None:
       _end(lost)
 
 
-def _lost_line(me: int, lost: list[int], heartbeat_s: int | None, workdir: str | None) -> str:
-  """The one line a surviving process ends with. The service counting this very process lost (alive, as it
-  writes this) means heartbeats came late, not a process gone: a host too busy to send them within the timeout
-  (both of a heartbeat's chances: JAX sends one every half timeout)."""
-  from glmrl.checkpoint.manager import last_complete  # pylint: disable=import-outside-toplevel
-
+def _lost_line(me: int, lost: list[int], heartbeat_s: int | None, where: str) -> str:
+  """The one line a surviving process ends with (`where`: where the run resumes from). The service counting this
+  very process lost (alive, as it writes this) means heartbeats came late, not a process gone: a host too busy to
+  send them within the timeout (both of a heartbeat's chances: JAX sends one every half timeout)."""
   who = f"process {lost[0]}" if len(lost) == 1 else f"processes {', '.join(map(str, lost))}"
   why = "sent no heartbeat" + (f" for {heartbeat_s} s" if heartbeat_s else "")
-  saved = last_complete(workdir) if workdir else None
-  where = (f"the last complete checkpoint is step {saved[0]} ({saved[1]})" if saved
-           else "no checkpoint of this run is complete")
   if me in lost:
     now = f" (now {heartbeat_s} s)" if heartbeat_s else ""
     return (f"error: process {me}: the coordination service counted {who} lost ({why}), this live one included: "
@@ -181,9 +177,7 @@ def _lost_line(me: int, lost: list[int], heartbeat_s: int | None, workdir: str |
 
 
 def _end(lost: list[int]) -> None:
-  from glmrl.runtime import distributed  # pylint: disable=import-outside-toplevel
-
-  line = _lost_line(jax.process_index(), lost, distributed.heartbeat_timeout(), _workdir)
+  line = _lost_line(jax.process_index(), lost, _watched["heartbeat_s"], _watched["resume"]())
   os.write(quiet_stderr.console_fd(), (line + "\n").encode())
   exit_process(LOST_STATUS, tuple(lost))
 

@@ -13,7 +13,7 @@ from flax import nnx
 
 from configs import glm_image_t2i_lora
 from glmrl import sharding as sharding_lib
-from glmrl.checkpoint.params import load_module
+from glmrl.models.stored_module import load_module
 from glmrl.errors import UserError
 from glmrl.models.blip.config import ImageRewardConfig
 from glmrl.models.blip.model import ImageRewardModel

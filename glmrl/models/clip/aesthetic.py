@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from glmrl.checkpoint import params as params_lib
+from glmrl.models.stored_module import load_module
 from glmrl.models.config_fields import HFConfig
 from glmrl.sharding import EMBED, MLP
 
@@ -90,7 +90,7 @@ class AestheticHead(nnx.Module):
 
 
 def load_head(head_dir: str, sharding=None, **config_overrides) -> AestheticHead:
-  """The head stored by `python -m checkpoints_convert.aesthetic` in `head_dir` (`params_lib.load_module`)."""
-  return params_lib.load_module(
+  """The head stored by `python -m checkpoints_convert.aesthetic` in `head_dir` (`load_module`)."""
+  return load_module(
       head_dir, AestheticConfig, AestheticHead, sharding, **config_overrides,
       how_to_make="convert the published weights with `python -m checkpoints_convert.aesthetic`")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from glmrl.checkpoint import params as params_lib
+from glmrl.models.stored_module import load_module
 from glmrl.models.clip.config import ClipConfig
 from glmrl.models.clip.model import ClipModel
 from glmrl.models.clip.preprocess import ImageProcessing
@@ -19,7 +19,7 @@ def load_clip(ckpt_dir: str, sharding=None, **config_overrides) -> ClipModel:
   `sharding`: one jax Sharding for every parameter (e.g. replicated on the training mesh, so a
   jitted step over that mesh can read the weights); default: the first device.
   """
-  return params_lib.load_module(
+  return load_module(
       ckpt_dir, ClipConfig, ClipModel, sharding, **config_overrides,
       how_to_make="convert a CLIPModel folder with `python -m checkpoints_convert.clip`")
 
