@@ -208,7 +208,7 @@ class ArPolicy(BoundPolicy):
     """The static description of its update for its prompt length, generation layout and `batch` rows."""
     config, settings = self.config, self.settings
     return UpdateSpec(
-        prompt_len=prompt_len, layout=layout, sampling=sampling_config(config),
+        prompt_len=prompt_len, layout=layout, sampling=sampling_config(config.sampling),
         micro_batches=settings.micro_batches(batch), epsilon_low=float(config.grpo.epsilon_low),
         epsilon_high=float(config.grpo.epsilon_high), beta=settings.beta, kl=config.grpo.kl,
         aggregation=config.grpo.aggregation, remat=config.model.remat, tis_cap=float(config.grpo.tis_cap),

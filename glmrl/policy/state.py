@@ -86,12 +86,13 @@ class PolicyState:
     if self.ema is not None and self.ema_settings.due(step):
       self.ema = ema_lib.update(self.ema, self.trainable, self.ema_settings.decay_at(step))
 
-  def adapters_record(self, config) -> dict | None:
+  def adapters_record(self) -> dict | None:
     """What a LoRA policy's checkpoints record of its adapters and their base (`check_adapters`); None
     for full fine-tuning. The base is named by its folder (or preset and seed) and a fingerprint of its
     weights (`glmrl.checkpoint.fingerprint`), so adapters never resume onto another base."""
     if not self.lora.enabled:
       return None
+    config = self.policy.config  # the run's, which the policy was bound to
     source = os.path.abspath(config.model.checkpoint_dir) if config.model.checkpoint_dir else \
         f"random preset {config.model.preset!r}, seed {config.seed}, {config.model.param_dtype}"
     return {"rank": self.lora.rank, "alpha": self.lora.alpha, "targets": list(self.lora.targets),

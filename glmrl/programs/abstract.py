@@ -157,18 +157,18 @@ class AbstractRun(plan_lib.PlanView):
 
 def build(config, mesh, platform: str = "tpu", hbm_bytes: int | None = None) -> AbstractRun:
   """The run of `config` on `mesh` of `platform` chips, abstractly: `model.checkpoint_dir`'s configs, else the
-  preset's; its plan with every `auto` resolved for chips of `hbm_bytes` (default: the slice's, from the mesh's
-  devices), the choices in `run.choices`."""
-  return resolved(plan_lib.draft(config, platform), mesh, hbm_bytes)
+  preset's; its plan (`glmrl.programs.plan.make`) with every `auto` resolved for chips of `hbm_bytes` (default: the
+  slice's, from the mesh's devices), the choices in `run.choices`."""
+  drafted = []  # the draft's abstract run, where a choice needed its sizes
 
+  def sizes(draft: plan_lib.RunPlan) -> AbstractRun:
+    drafted.append(from_plan(draft, mesh))
+    return drafted[0]
 
-def resolved(draft: plan_lib.RunPlan, mesh, hbm_bytes: int | None = None) -> AbstractRun:
-  """The abstract run of `draft` with its plan resolved for chips of `hbm_bytes` (default: the slice's)."""
-  run = from_plan(draft, mesh)
-  plan = plan_lib.resolve(draft, mesh, hbm_bytes or topology.chip_of(mesh).hbm_bytes, lambda: run)
-  # The draft's states serve the resolved plan: `auto` chooses the sampler's weight layout and the DiT's attention
-  # kernel, which the draft's model configs already hold for its platform (`plan.model_configs`).
-  return dataclasses.replace(run, plan=plan)
+  plan = plan_lib.make(config, mesh, hbm_bytes or topology.chip_of(mesh).hbm_bytes, sizes, platform)
+  # The draft's states serve the plan: `auto` chooses the sampler's weight layout and the DiT's attention kernel,
+  # which the draft's model configs already hold for its platform (`plan.model_configs`).
+  return dataclasses.replace(drafted[0], plan=plan) if drafted else from_plan(plan, mesh)
 
 
 def from_plan(plan: plan_lib.RunPlan, mesh) -> AbstractRun:
@@ -215,7 +215,7 @@ def sampler(run: AbstractRun) -> Program:
   lowered = ar_sampler._sample_ids.lower(  # pylint: disable=protected-access  # the run's own jitted sampler
       graphdef, nnx.merge_state(*states), batch_array(mesh, (b, l), jnp.int32), batch_array(mesh, (b, l), jnp.bool_),
       batch_array(mesh, (3, b, l), jnp.int32, batch_axis=1), batch_array(mesh, (b, 3, n), jnp.int32), key,
-      layout=run.layout, cfg=sampling_config(run.config))
+      layout=run.layout, cfg=sampling_config(run.config.sampling))
   return Program("ar_sampler", lowered, resident)
 
 

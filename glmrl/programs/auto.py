@@ -92,19 +92,13 @@ def ar_weights(config, mesh, abstract_run, hbm_bytes: int) -> Choice | None:
                 "weights per token instead")
 
 
-def resolve(config, mesh, platform: str, hbm_bytes: int, abstract_run) -> tuple:
-  """(`config` with every `auto` replaced, the Choices made) for `mesh` of `platform` chips of `hbm_bytes`
-  each; `abstract_run()` builds the run's `AbstractRun` when a choice depends on its sizes."""
-  choices = [c for c in (dit_attention(config, platform), ar_weights(config, mesh, abstract_run, hbm_bytes))
-             if c is not None]
-  if not choices:
-    return config, ()
-  config = config.copy_and_resolve_references()
-  with config.unlocked():
-    for choice in choices:
-      section, key = choice.key.split(".")
-      config[section][key] = choice.value
-  return config, tuple(choices)
+def choose(plan, mesh, hbm_bytes: int, abstract_run) -> tuple:
+  """The Choices the `auto` settings of `plan` (a draft `glmrl.programs.plan.RunPlan`) become on `mesh` of its
+  platform's chips of `hbm_bytes` each (its config unchanged: `glmrl.programs.plan.make` writes them);
+  `abstract_run(plan)` builds its `AbstractRun` when a choice depends on the run's sizes."""
+  config = plan.config
+  return tuple(c for c in (dit_attention(config, plan.platform),
+                           ar_weights(config, mesh, lambda: abstract_run(plan), hbm_bytes)) if c is not None)
 
 
 def check_resident_fits(run, hbm_bytes: int) -> None:

@@ -22,7 +22,6 @@ from glmrl import sharding as sharding_lib
 from glmrl.programs import abstract as abstract_lib
 from glmrl.programs import budget as budget_lib
 from glmrl.programs import report as report_lib
-from glmrl.programs import plan as plan_lib
 from glmrl.programs import topology as topology_lib
 from glmrl.errors import UserError
 
@@ -43,18 +42,16 @@ def compile_report(config) -> dict:
   slice_ = topology_lib.parse(config.compile.topology)
   budget = budget_lib.of(slice_.chip)
   mesh = _mesh(config, topology_lib.devices(slice_))
-  draft = plan_lib.draft(config, slice_.chip.platform)
-  plan_lib.check_batch(draft, tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
   if config.data.mode != "t2i":
     raise UserError("--mode=compile covers text-to-image runs (config.data.mode='t2i'); image-to-image adds the "
                     "condition images' DiT cache, which it does not lower yet")
-  run = abstract_lib.resolved(draft, mesh, hbm_bytes=budget.bytes)
+  run = abstract_lib.build(config, mesh, slice_.chip.platform, hbm_bytes=budget.bytes)
   for choice in run.choices:
     logging.info("%s", choice.line())
   config = run.config
   state = run.resident_bytes()
   resident = sum(state.values())
-  flops = report_lib.step_flops(config, run.layout, run.configs, ar_param_count=abstract_lib.generator_params(run),
+  flops = report_lib.step_flops(run.plan, run.layout, ar_param_count=abstract_lib.generator_params(run),
                                 dit_param_count=abstract_lib.num_params(run.models["dit"][1]))
   entries, fits = {}, True
   for name, builder in _chosen(abstract_lib.builders(run), config.compile.programs).items():

@@ -1,9 +1,9 @@
-"""What a run derives from its config before it builds anything, made once per run and handed down as one frozen
-`RunPlan`: the config with every `auto` resolved, the models' configs with their runtime fields, the trained
-policies bound to that config and the rollout they share, and what each `auto` became. The run's setup
-(`glmrl.train.setup`) and `--mode=compile`'s abstract run (`glmrl.programs.abstract`) read the same plan, made the
-same way: `draft` (no device sizes needed), the batch split checked against the mesh (`check_batch`), then
-`resolve` for the devices' memory.
+"""What a run derives from its config before it builds anything, made in one call (`make`) and handed down as one
+frozen `RunPlan`: the config with every `auto` resolved, the models' configs with their runtime fields, the trained
+policies bound once to that config and the rollout they share, and what each `auto` became. The run's setup
+(`glmrl.train.setup`) and `--mode=compile`'s abstract run (`glmrl.programs.abstract`) ask for it the same way.
+`make`'s steps are its own: `draft` (no device sizes needed), the batch split checked against the mesh
+(`check_batch`), then every `auto` chosen for the devices' memory (`glmrl.programs.auto`).
 """
 
 from __future__ import annotations
@@ -25,18 +25,13 @@ from glmrl.sampling.pipeline import check_decode_batch, decode_chunk
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
   """See the module docstring. `config` is the plan's own copy (`draft`): what the user's object becomes later
-  changes no plan, and a resolved `auto` is written into a further copy (`resolve`)."""
+  changes no plan; `make` writes each `auto` choice into it, where the policies bound to it read it."""
   config: Any
   platform: str  # what the programs run on ("tpu" for --mode=compile's slices)
   configs: glm_image.GlmImageConfigs
   policies: dict  # policy name -> `glmrl.policy.base.Policy`, bound to `config`
   request: Request  # the rollout the trained policies share
   choices: tuple = ()  # what each `auto` setting became (`glmrl.programs.auto.Choice`)
-
-  @property
-  def has_auto(self) -> bool:
-    """Whether a setting is still `auto` (a draft's)."""
-    return "auto" in (self.config.rollout.ar_weights, self.config.model.dit_attention)
 
 
 class PlanView:
@@ -68,28 +63,32 @@ class PlanView:
     return self.plan.choices
 
 
+def make(config, mesh, hbm_bytes: int, abstract_run: Callable[[RunPlan], Any], platform: str | None = None
+         ) -> RunPlan:
+  """The plan of `config` on `mesh` of `platform` chips (default: this process's backend) of `hbm_bytes` each: the
+  draft, its batch split checked against the mesh, then every `auto` chosen (`glmrl.programs.auto`) and written
+  into the plan's config, which the policies were bound to once. `abstract_run(draft)`: the draft's abstract run
+  (`glmrl.programs.abstract.AbstractRun`), built only when a choice depends on the run's sizes."""
+  plan = draft(config, platform)
+  check_batch(plan, tuple(mesh.shape[axis] for axis in ("data", "fsdp", "tensor")))
+  choices = auto.choose(plan, mesh, hbm_bytes, abstract_run)
+  # The models' configs hold the platform's attention kernel already (`model_configs`), and the sampler's weight
+  # layout is not theirs: only the config changes.
+  with plan.config.unlocked():
+    for choice in choices:
+      section, key = choice.key.split(".")
+      plan.config[section][key] = choice.value
+  return dataclasses.replace(plan, choices=choices)
+
+
 def draft(config, platform: str | None = None) -> RunPlan:
-  """The plan of `config` on `platform` (default: this process's backend) before `auto` is resolved for the
-  devices' memory: the rewards, the rollout and the batch split (`check_batch`) are decided already."""
+  """`make`'s first step: the plan of `config` on `platform` (default: this process's backend) before `auto` is
+  resolved for the devices' memory, its policies bound to its own copy of `config`."""
   platform = platform or jax.default_backend()
   config = config.copy_and_resolve_references()
   policies = registry.trained(config)
   return RunPlan(config, platform, model_configs(config, platform, policies), policies,
                  registry.shared_request(policies))
-
-
-def resolve(plan: RunPlan, mesh, hbm_bytes: int, sizes: Callable[[], Any]) -> RunPlan:
-  """`plan` with every `auto` setting chosen for `mesh` of chips of `hbm_bytes` each (`glmrl.programs.auto`);
-  `sizes()`: the draft's abstract run (`glmrl.programs.abstract.AbstractRun`), built only when a choice depends on
-  the run's sizes."""
-  config, choices = auto.resolve(plan.config, mesh, plan.platform, hbm_bytes, sizes)
-  if not choices:
-    return plan
-  # The models' configs stay the draft's: they already hold the platform's attention kernel (`model_configs`), and
-  # the sampler's weight layout is not theirs. The policies are bound again, to the resolved config.
-  policies = registry.trained(config)
-  return dataclasses.replace(plan, config=config, policies=policies, request=registry.shared_request(policies),
-                             choices=choices)
 
 
 def check_batch(plan: RunPlan, mesh_shape: tuple[int, int, int]) -> None:
@@ -137,7 +136,7 @@ def dit_attention(config, platform: str | None = None) -> str:
 
 def model_configs(config, platform: str | None = None, policies: dict | None = None) -> glm_image.GlmImageConfigs:
   """The run's model configs with its runtime fields; `platform`: what the programs run on (--mode=compile: "tpu");
-  `policies`: the trained ones (default: the config's)."""
+  `policies`: the trained ones (default: the config's, bound here; a plan passes its own)."""
   if config.model.checkpoint_dir:
     configs = glm_image.checkpoint_configs(config.model.checkpoint_dir)
   else:

@@ -40,8 +40,9 @@ def bytes_per_chip(tree) -> int:
   return int(total)
 
 
-def step_flops(config, layout, configs, *, ar_param_count: int, dit_param_count: int) -> dict:
-  """FLOPs of one training step by program, from the standard dense-transformer formulas.
+def step_flops(plan, layout, *, ar_param_count: int, dit_param_count: int) -> dict:
+  """FLOPs of one training step by program of the run of `plan` (`glmrl.programs.plan.RunPlan`), from the standard
+  dense-transformer formulas.
 
   AR: 2 N per token and forward (N = `ar_param_count`, the text decoder and head) plus causal attention
   2 L S^2 E per sequence (L layers, S tokens, E width). DiT: 2 N_dit per token plus 4 L T^2 E attention over its
@@ -49,8 +50,7 @@ def step_flops(config, layout, configs, *, ar_param_count: int, dit_param_count:
   at every step, at the decoding policy's steps and guidance when one decodes (one branch at guidance 1.0). The
   VAE decode (convolutions) is left out. Each trained policy counts its own update (`Policy.update_flops`).
   """
-  policies = registry.trained(config)
-  request = registry.rollout_request(config)
+  config, configs, policies, request = plan.config, plan.configs, plan.policies, plan.request
   rows = config.data.prompts_per_step * request.grids_per_prompt
   images = config.data.prompts_per_step * request.images_per_prompt
   s = config.data.max_prompt_tokens + layout.num_new_tokens

@@ -57,9 +57,8 @@ class SamplingConfig:
       raise ValueError(f"top_k={self.top_k!r} must be an int >= 0 (0 = off)")
 
 
-def sampling_config(config) -> SamplingConfig:
-  """A run's `config.sampling` as the sampler and the learner read it."""
-  s = config.sampling
+def sampling_config(s) -> SamplingConfig:
+  """A run's `config.sampling` section `s` as the sampler and the learner read it."""
   return SamplingConfig(temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
                         constrain_to_codebook=bool(s.constrain_to_codebook))
 

@@ -53,7 +53,7 @@ class Trainer:
         workdir, config.checkpoint.save_interval, config.checkpoint.max_to_keep,
         items=tuple(self._saved_items()),
         records=records, source_checkpoint_dir=config.model.checkpoint_dir,
-        adapters={s.policy.saved.adapters_file: (s.adapters_record(config), s.policy.saved.lora_section)
+        adapters={s.policy.saved.adapters_file: (s.adapters_record(), s.policy.saved.lora_section)
                   for s in self.states.values()})
     self.writer = run_writer(workdir, config)
     self.nonfinite_run = 0

@@ -25,8 +25,7 @@ def restored_params(run, workdir: str, use_ema: bool = False, step: int | None =
   items = {}
   for name, state in run.states.items():
     saved = state.policy.saved
-    check_adapters(directory, state.adapters_record(run.config), has_steps, saved.adapters_file,
-                   saved.lora_section)
+    check_adapters(directory, state.adapters_record(), has_steps, saved.adapters_file, saved.lora_section)
     averaged = use_ema and state.policy.settings.ema.enabled
     items[name] = (saved.ema if averaged else saved.params, state)
   # One step for every policy: the newest whose every item restores (in every process).

@@ -14,7 +14,7 @@ from absl import logging
 from glmrl.runtime import agreement
 from glmrl.runtime import device_memory, distributed
 from glmrl import sharding as sharding_lib
-from glmrl.programs import auto
+from glmrl.programs import abstract, auto
 from glmrl.programs import plan as plan_lib
 from glmrl.data import PromptIterator, benchmarks, load_prompts
 from glmrl.errors import UserError
@@ -64,7 +64,8 @@ class Run(plan_lib.PlanView):
 
 
 def pipeline_spec(config) -> PipelineSpec:
-  return PipelineSpec(height=config.data.height, width=config.data.width, sampling=sampling_config(config),
+  return PipelineSpec(height=config.data.height, width=config.data.width,
+                      sampling=sampling_config(config.sampling),
                       dit_steps=config.sampling.dit_steps, guidance_scale=float(config.sampling.guidance_scale),
                       share_noise_in_group=config.sampling.share_noise_in_group,
                       prompt_pad=config.data.max_prompt_tokens, glyph_pad=config.data.max_glyph_tokens,
@@ -112,25 +113,23 @@ def load_records(plan: plan_lib.RunPlan, train: bool = True):
   return records, eval_records
 
 
-def resolve_plan(draft: plan_lib.RunPlan, mesh) -> plan_lib.RunPlan:
-  """`draft` with its `auto` settings chosen for the run's platform and devices (`glmrl.programs.auto`), each choice
-  logged in one line by process 0; UserError when the run's resident state cannot fit a device at all.
+def device_memory_bytes() -> int:
+  """The device memory a run's `auto` choices fit (`make_plan`): the smallest any process reports. One choice for
+  every process (hosts of one run can report different sizes), as two processes that built different programs
+  would wait on each other's collectives for ever."""
+  return distributed.smallest("device memory", device_memory.limit_bytes())
 
-  One choice for every process: they decide from the smallest device memory any of them reports (hosts of one
-  run can report different sizes), as two processes that built different programs would wait on each other's
-  collectives for ever."""
-  if not draft.has_auto:
-    return draft
-  from glmrl.programs import abstract  # pylint: disable=import-outside-toplevel  # it builds on this module
 
-  hbm = distributed.smallest("device memory", device_memory.limit_bytes())
+def make_plan(config, mesh, hbm_bytes: int) -> plan_lib.RunPlan:
+  """The run's plan on `mesh` of devices of `hbm_bytes` each (`glmrl.programs.plan.make`), each `auto` choice
+  logged in one line by process 0; UserError when the run's resident state cannot fit a device at all."""
 
-  def sizes():
+  def sizes(draft: plan_lib.RunPlan) -> abstract.AbstractRun:
     run = abstract.from_plan(draft, mesh)
-    auto.check_resident_fits(run, hbm)
+    auto.check_resident_fits(run, hbm_bytes)
     return run
 
-  plan = plan_lib.resolve(draft, mesh, hbm, sizes)
+  plan = plan_lib.make(config, mesh, hbm_bytes, sizes)
   for choice in plan.choices if distributed.is_main() else ():
     logging.info("%s", choice.line())
   return plan
@@ -189,10 +188,9 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
   (`train`: with their optimizers and references; `resume_data`: the prompt iterator's state in the checkpoint the
   run resumes from, checked against the prompts first)."""
   # Each part checks this process's view (its prompt files, the reward servers it reaches); every process refuses
-  # together (glmrl.runtime.agreement) before any model is built. The plan's resolution between them exchanges facts.
-  draft, records, eval_records = agreement.checked(lambda: _checked_draft(config, train))
-  mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-  plan = resolve_plan(draft, mesh)
+  # together (glmrl.runtime.agreement) before any model is built. The memory the plan fits is exchanged before.
+  hbm_bytes = device_memory_bytes()
+  plan, mesh, records, eval_records = agreement.checked(lambda: _checked_plan(config, hbm_bytes, train))
   composers, composer, processor, glyph_tokenizer, iterator = agreement.checked(
       lambda: _checked_inputs(plan, mesh, records, eval_records, resume_data))
   config, policies, configs = plan.config, plan.policies, plan.configs
@@ -215,16 +213,15 @@ def build(config, *, train: bool = False, resume_data: dict | None = None) -> Ru
   return Run(plan, mesh, records, eval_records, iterator, composer, composers, pipeline, states)
 
 
-def _checked_draft(config, train: bool):
-  """(the plan's draft, training records, held-out records): the batch against the mesh, the prompt files read."""
+def _checked_plan(config, hbm_bytes: int, train: bool):
+  """(the run's plan, its mesh, training records, held-out records): the mesh's shape, the plan, the prompt files."""
   m = config.mesh
   try:
-    mesh_shape = sharding_lib.mesh_shape(m.data, m.fsdp, m.tensor, jax.device_count())
+    mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor)
   except ValueError as e:
     raise UserError(f"config.mesh: {e}") from None
-  draft = plan_lib.draft(config)
-  plan_lib.check_batch(draft, mesh_shape)
-  return (draft, *load_records(draft, train))
+  plan = make_plan(config, mesh, hbm_bytes)
+  return (plan, mesh, *load_records(plan, train))
 
 
 def _checked_inputs(plan, mesh, records, eval_records, resume_data):

@@ -40,6 +40,7 @@ def test_the_sampler_reads_the_gathered_generator_where_it_fits_and_the_update_l
   assert config.rollout.ar_weights == "auto"  # the default
   run = _build(config, "v5e-8")
   assert run.config.rollout.ar_weights == "gathered" and run.config.model.dit_attention == "splash"
+  assert all(policy.config is run.config for policy in run.policies.values())  # bound once, to the choices
   assert config.rollout.ar_weights == "auto"  # the user's config is not changed
   choice = {c.key: c for c in run.choices}["rollout.ar_weights"]
   assert "within 90% of 14.9 GiB" in choice.why and choice.line().startswith("config.rollout.ar_weights=auto -> ")
@@ -64,4 +65,5 @@ def test_released_t2i_on_v5p_64_samples_the_gathered_generator():
   config = importlib.import_module("configs.glm_image_t2i").get_config()
   run = _build(config, "v5p-64")
   assert run.config.rollout.ar_weights == "gathered" and run.config.model.dit_attention == "splash"
+  assert all(policy.config is run.config for policy in run.policies.values())  # bound once, to the choices
   assert "generator copy 18.84 GiB" in run.choices[-1].why

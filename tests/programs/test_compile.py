@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from glmrl.programs import compile_mode as mode_lib  # noqa: E402
-from glmrl.programs import abstract  # noqa: E402
+from glmrl.programs import abstract, plan  # noqa: E402
 from glmrl.programs import report as report_lib  # noqa: E402
 from glmrl.programs import topology  # noqa: E402
 from glmrl.errors import UserError  # noqa: E402
@@ -167,7 +167,7 @@ def test_nft_programs_lower_with_their_batch_and_the_average_resident():
   over the clean latents' slots with the moving average (a resident state of its own) as the old policy."""
   from configs import demo_decoder
   config = demo_decoder.get_config("nft")
-  config.data.prompts_per_step = 4  # 32 images: split over 8 chips
+  config.data.prompts_per_step = 8  # one AR row per chip (the batch check of every run), 64 images
   run = abstract.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
   state = run.states["decoder"]
   assert jax.tree.structure(state.ema) == jax.tree.structure(state.trainable)
@@ -178,7 +178,8 @@ def test_nft_programs_lower_with_their_batch_and_the_average_resident():
   assert any(a is state.ema for a in update.state_args)
   assert "stablehlo" in update.lowered.as_text()
   # The step model: CFG-free halves the rollout's DiT FLOPs; the update's scale with the trained slots.
-  flops = lambda c: report_lib.step_flops(c, run.layout, run.configs, ar_param_count=1, dit_param_count=10**6)
+  flops = lambda c: report_lib.step_flops(plan.draft(c, "tpu"), run.layout, ar_param_count=1,
+                                          dit_param_count=10**6)
   guided = config.copy_and_resolve_references()
   guided.decoder.train_guidance = 1.5
   assert flops(config)["decoder"] * 2 == flops(guided)["decoder"]

@@ -59,7 +59,7 @@ def _auto_with_other_memory(process_id: int) -> dict:
   from configs import demo  # pylint: disable=import-outside-toplevel
   from glmrl import sharding  # pylint: disable=import-outside-toplevel
   from glmrl.runtime import device_memory
-  from glmrl.programs import abstract, auto, plan  # pylint: disable=import-outside-toplevel
+  from glmrl.programs import abstract, auto  # pylint: disable=import-outside-toplevel
   from glmrl.train import setup  # pylint: disable=import-outside-toplevel
 
   config = demo.get_config()
@@ -68,7 +68,7 @@ def _auto_with_other_memory(process_id: int) -> dict:
   own = 2 ** 40 if process_id == 0 else sum(run.resident_bytes().values())
   device_memory.limit_bytes = lambda: own
   return {"own": auto.ar_weights(config, mesh, lambda: run, own).value,
-          "run": setup.resolve_plan(plan.draft(config), mesh).config.rollout.ar_weights}
+          "run": setup.make_plan(config, mesh, setup.device_memory_bytes()).config.rollout.ar_weights}
 
 
 def test_independent_programs_across_processes_on_cpus_run_one_at_a_time_without_the_compilation_cache(tmp_path):

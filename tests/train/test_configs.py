@@ -126,7 +126,7 @@ def test_full_size_train_state_shapes():
       valid=sds((batch, prompt_len + n), bool), sampler_logp=sds((batch, n), jnp.float32),
       old_logp=sds((batch, n), jnp.float32),
       advantages=sds((batch,), jnp.float32), mask=sds((batch, n), jnp.float32))
-  spec = ar_policy.UpdateSpec(prompt_len=prompt_len, layout=layout, sampling=sampling_config(c),
+  spec = ar_policy.UpdateSpec(prompt_len=prompt_len, layout=layout, sampling=sampling_config(c.sampling),
                              micro_batches=1, epsilon_low=0.2, epsilon_high=0.28, beta=0.0, kl="k3",
                              aggregation="seq_mean_token_mean", remat=True)
   new_params, new_opt, metrics, (old_logp, _) = jax.eval_shape(

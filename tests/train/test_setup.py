@@ -6,6 +6,7 @@ import pytest
 
 from glmrl.programs import plan
 from glmrl.models import glm_image
+from glmrl.policy import registry
 from glmrl.train import setup
 from tests.train.common import tiny_config
 
@@ -80,3 +81,19 @@ def test_a_plan_holds_its_own_config():
   drafted = plan.draft(config)
   config.data.prompts_per_step = 5  # what the caller does with its object later
   assert drafted.config is not config and drafted.config.data.prompts_per_step == 3
+
+
+def test_a_run_asks_for_its_plan_once_and_binds_its_policies_once(monkeypatch):
+  """setup.build makes its plan in one call (draft, batch check and every `auto` inside), binding the policies
+  once, to the plan's config, where the `auto` choices are written."""
+  made, bound = [], []
+  make, trained = plan.make, registry.trained
+  monkeypatch.setattr(plan, "make", lambda *args, **kwargs: made.append(make(*args, **kwargs)) or made[-1])
+  monkeypatch.setattr(registry, "trained", lambda config: bound.append(trained(config)) or bound[-1])
+  with pytest.raises(AssertionError, match="a model was built"):  # past every check of the inputs
+    setup.build(tiny_config(model__compute_dtype="bfloat16"))
+  assert len(made) == 1 and len(bound) == 1 and bound[0] is made[0].policies
+  config, choices = made[0].config, {c.key: c.value for c in made[0].choices}
+  assert choices == {"model.dit_attention": "xla", "rollout.ar_weights": config.rollout.ar_weights}
+  assert config.model.dit_attention == "xla" and config.rollout.ar_weights in ("update", "gathered")
+  assert all(policy.config is config for policy in made[0].policies.values())
