@@ -117,6 +117,9 @@ def base_config() -> ml_collections.ConfigDict:
   # image's flow-matching error weighted by its advantage and its group's DPO weight). docs/decoder_rl.md.
   c.decoder = ml_collections.ConfigDict()
   c.decoder.algorithm = "flow_grpo"  # "flow_grpo", "nft", "awm" or "dgpo".
+  # The released recipe this config applies (configs/released.py's rows, `released.apply`): a setting changed away
+  # from its row is one warning naming the row and the repository's value; another decoder.algorithm is refused.
+  c.decoder.recipe = ""  # "nft", "awm" or "dgpo" (configs/demo_decoder.py's variants); "": none.
   # CFG scale of training rollouts and of the loss's velocities; 1.0 = CFG-free (one DiT pass per step, the RL
   # distils the guidance); 0 = sampling.guidance_scale. Evaluation and generate keep sampling.guidance_scale.
   c.decoder.train_guidance = 0.0  # Training CFG scale (see above).
@@ -150,18 +153,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.decoder.dgpo_clip_dsm = False  # dgpo: clip against the moving average (needs decoder.ema.every >= 1).
   c.decoder.ema_beta = 0.0  # Weight of the velocity KL to the moving average (AWM's anchor); needs ema.every >= 1.
   # Moving average of the decoder's trained parameters (glmrl/policy/ema.py): nft's old policy (it samples the
-  # rollouts), AWM's anchor; saved in checkpoints. After rollout step s the decay is min(decay, ramp * (n - flat))
-  # at schedule step n = s * steps_per_rollout (0 while n < flat; ramp 0: decay).
+  # rollouts), AWM's anchor, DGPO's ema_ref; saved in checkpoints. Its decay is min(decay, ramp * (n - flat)) once
+  # the optimizer has taken n steps (its own count: num_iterations per rollout; 0 while n < flat; ramp 0: decay).
   c.decoder.ema = ml_collections.ConfigDict()
   c.decoder.ema.decay = 0.0  # Decay in [0, 1): 0 copies the parameters.
-  c.decoder.ema.every = 0  # Update it after every this many rollout steps; 0 keeps none (nft needs >= 1).
+  c.decoder.ema.every = 0  # Update it after every this many rollouts (or updates, see `after`); 0 keeps none.
+  # When it folds the parameters in: "rollout" (after the rollout's updates: DiffusionNFT, AWM) or "update" (after
+  # every optimizer step: DGPO's ema_ref).
+  c.decoder.ema.after = "rollout"  # "rollout" or "update".
   c.decoder.ema.ramp = 0.0  # Per-step growth of the decay up to `decay` (DiffusionNFT's 0.001); 0: constant.
-  # Schedule steps the average is a copy of the parameters (decay 0) before the ramp starts from 0: DiffusionNFT's
+  # Optimizer steps the average is a copy of the parameters (decay 0) before the ramp starts from 0: DiffusionNFT's
   # decay_type 2 (its OCR recipe) is flat 75, ramp 0.0075, decay 0.999; type 1 is flat 0, ramp 0.001, decay 0.5.
-  c.decoder.ema.flat = 0  # Schedule steps of decay 0 before the ramp (DiffusionNFT decay_type 2: 75).
-  # Schedule steps per rollout step: DiffusionNFT's schedule counts its gradient steps, 2 per rollout in its OCR
-  # recipe (decay_type 2), 1 in its others; its numbers then apply as they are.
-  c.decoder.ema.steps_per_rollout = 1  # >= 1 (DiffusionNFT's OCR recipe: 2).
+  c.decoder.ema.flat = 0  # Optimizer steps of decay 0 before the ramp (DiffusionNFT decay_type 2: 75).
   c.decoder.group_size = 4  # Decoder samples per token grid (its advantages compare them), >= 2.
   # flow_grpo's stochastic step: "sde" (Euler-Maruyama of the flow's SDE) or "cps" (coefficient-preserving: the
   # step's noise keeps the marginal's data:noise mix exactly; noise_level 0.8 in Flow-GRPO's recipe).

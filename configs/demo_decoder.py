@@ -56,10 +56,7 @@ def get_config(arg=None):
     c.decoder.ratio_norm = True
     c.decoder.window_slide_every, c.decoder.window_slide_stride = 15, 1
   if algorithm in released.RECIPES:
-    for setting in released.RECIPES[algorithm].settings:
-      if setting.key:
-        section, _, name = setting.key.rpartition(".")
-        c[section][name] = setting.demo_value
+    released.apply(c, algorithm)
   c.checkpoint.save_interval = 10
   c.log.image_interval = 10
   return c

@@ -1,8 +1,10 @@
 """The decoder algorithms' released recipes, setting by setting, as `configs/demo_decoder.py` applies them.
 
 Each row names one setting of a repository's recipe (file and line at the pinned commit, the line's text), its value
-in glmrl's config key, and, where the decoder demo cannot take it, the demo's value and why. `demo_decoder.get_config`
-sets every row's value (the released one, or the demo's where it has its own); `docs/gen_released_recipes.py` writes
+in glmrl's config key, and, where the decoder demo cannot take it, the demo's value and why. `apply` (as
+`demo_decoder.get_config` calls it) sets every row's value (the released one, or the demo's where it has its own)
+and names the recipe in `config.decoder.recipe`, against whose rows every run of the config is checked
+(`glmrl.config.recipes`: a flag that changes a row warns, another decoder.algorithm is refused); `docs/gen_released_recipes.py` writes
 the table of docs/reference/released_recipes.md from these rows and from the demo's config itself, and
 tests/docs/test_released_recipes.py fails when either drifts. A row without a key is a setting glmrl cannot express;
 its `why` says what the demo does instead.
@@ -71,6 +73,9 @@ DGPO = Recipe("dgpo", "Luo-Yihong/DGPO", "01ceb4b", "config/dgpo.py:general_ocr_
     Setting("ema_ref updated every optimizer step", f"{_DGPO_TRAIN}:1177",
             "ema_ref.step(transformer_trainable_parameters, global_step, decay = ema_ref_decay)",
             "decoder.ema.every", 1),
+    Setting("ema_ref.step after the optimizer's step", f"{_DGPO_TRAIN}:1177",
+            "ema_ref.step(transformer_trainable_parameters, global_step, decay = ema_ref_decay)",
+            "decoder.ema.after", "update"),
     Setting("ema_ref decay min(0.3, ...)", f"{_DGPO_TRAIN}:1176", "ema_ref_decay = min(0.3, 0.001 * global_step)",
             "decoder.ema.decay", 0.3),
     Setting("ema_ref decay ... 0.001 * global_step", f"{_DGPO_TRAIN}:1176",
@@ -160,8 +165,9 @@ NFT = Recipe("nft", "NVlabs/DiffusionNFT", "24af555", "config/nft.py:sd3_picksco
     Setting("decay_type 1: an average, updated every step", f"{_NFT_CFG}:60", "config.decay_type = 1", "decoder.ema.every", 1),
     Setting("decay_type 1: uphold", f"{_NFT_TRAIN}:177", "uphold = 0.5", "decoder.ema.decay", 0.5),
     Setting("decay_type 1: uprate", f"{_NFT_TRAIN}:176", "uprate = 0.001", "decoder.ema.ramp", 0.001),
-    Setting("gradient_step_per_epoch", f"{_NFT_CFG}:104", "gradient_step_per_epoch=1,",
-            "decoder.ema.steps_per_rollout", 1),
+    Setting("gradient_step_per_epoch", f"{_NFT_CFG}:104", "gradient_step_per_epoch=1,", None, 1,
+            why="one optimizer step per update of the rollout's batch, as here; the average's decay is indexed by "
+                "the optimizer's own step count, as the repository's by its gradient steps"),
     Setting("train.beta", f"{_NFT_CFG}:24", "config.train.beta = 0.0001", "decoder.beta", 1e-4),
     Setting("sample.global_std", f"{_NFT_BASE}:57", "sample.global_std = True", "decoder.adv_std", "batch"),
     Setting("train.adv_clip_max", f"{_NFT_BASE}:84", "train.adv_clip_max = 5", "decoder.adv_clip_max", 5.0),
@@ -176,3 +182,15 @@ NFT = Recipe("nft", "NVlabs/DiffusionNFT", "24af555", "config/nft.py:sd3_picksco
 ))
 
 RECIPES = {r.algorithm: r for r in (NFT, AWM, DGPO)}
+
+
+def apply(config, algorithm: str) -> None:
+  """Sets the rows of `algorithm`'s released recipe on `config` (the demo's value where it has its own) and names
+  the recipe in `config.decoder.recipe`."""
+  recipe = RECIPES[algorithm]
+  config.decoder.algorithm = recipe.algorithm
+  config.decoder.recipe = algorithm
+  for setting in recipe.settings:
+    if setting.key:
+      section, _, name = setting.key.rpartition(".")
+      config[section][name] = setting.demo_value

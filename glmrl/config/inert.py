@@ -36,7 +36,7 @@ READ_WHEN = (
      "decoder.timestep_draw='high_noise'"),
     (("decoder.stratified_fraction",), "decoder.timestep_draw", lambda d: d == "stratified",
      "decoder.timestep_draw='stratified'"),
-    (("decoder.ema.decay", "decoder.ema.flat", "decoder.ema.ramp", "decoder.ema.steps_per_rollout"),
+    (("decoder.ema.decay", "decoder.ema.flat", "decoder.ema.ramp", "decoder.ema.after"),
      "decoder.ema.every", lambda every: every >= 1, "a moving average (decoder.ema.every >= 1)"),
     (("grpo.tis_mode",), "grpo.tis_cap", lambda cap: cap > 0, "truncated importance sampling (grpo.tis_cap > 0)"),
     (("log.wandb_project", "log.wandb_name", "log.wandb_mode"), "log.wandb", bool, "W&B logging (log.wandb=True)"),

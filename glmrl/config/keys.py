@@ -22,6 +22,7 @@ from glmrl.logging import wandb_run
 from glmrl.models import lora as lora_lib
 from glmrl.models.dit import attention as dit_attention
 from glmrl.policy import dit_matching
+from glmrl.policy import ema as ema_lib
 from glmrl.policy import registry as policy_registry
 
 
@@ -116,6 +117,7 @@ RULES: dict[str, Rule] = {
     "train.max_consecutive_nonfinite": integer(1),
     "train.policies": choice(*POLICIES),
     "decoder.algorithm": choice(*policy_registry.DIT_ALGORITHMS),
+    "decoder.recipe": STRING,  # its names: configs/released.py's (`glmrl.config.recipes`)
     "decoder.train_guidance": NON_NEGATIVE,
     "decoder.loss_guidance": NON_NEGATIVE,
     "decoder.dgpo_clip_dsm": BOOL,
@@ -136,7 +138,7 @@ RULES: dict[str, Rule] = {
     "decoder.ema.every": integer(0, why="must be >= 0 (0 keeps no moving average)"),
     "decoder.ema.ramp": NON_NEGATIVE,
     "decoder.ema.flat": integer(0),
-    "decoder.ema.steps_per_rollout": integer(1),
+    "decoder.ema.after": choice(*ema_lib.AFTER),
     "decoder.group_size": integer(2, why="must be at least 2 (advantages are relative to the group)"),
     "decoder.noise_level": POSITIVE,
     "decoder.train_steps": integer(1),

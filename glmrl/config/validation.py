@@ -16,7 +16,7 @@ import os
 
 import ml_collections
 
-from glmrl.config import cross_checks, inert
+from glmrl.config import cross_checks, inert, recipes
 from glmrl.config.choices import MODES
 from glmrl.config.keys import RULES, leaves
 from glmrl.config.rules import ConfigError, check
@@ -73,6 +73,8 @@ def validate(cfg: ml_collections.ConfigDict, mode: str = "train") -> None:
     if key in values and not (key in unread and values[key] is None):
       rule.check(f"config.{key}", values[key])
   cross_checks.check_rewards(cfg.get("rewards"), need_kwargs=mode != "compile")
+  if "decoder" in values["train.policies"]:  # before the inert keys: a recipe's rows under another algorithm
+    recipes.changed_rows(values)
   inert.check_read(values, mode)
 
   check(not values["grpo.kl_bias_correction"] or values["grpo.beta"] > 0, "config.grpo.kl_bias_correction", True,

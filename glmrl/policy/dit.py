@@ -35,7 +35,7 @@ def settings_of(config) -> Settings:
   return Settings(lora=lora_settings(d.lora), optim=d.optim, num_iterations=d.num_iterations, beta=float(d.beta),
                   micro_batch_size=d.micro_batch_size,
                   ema=ema_lib.EmaSettings(decay=float(d.ema.decay), every=d.ema.every, ramp=float(d.ema.ramp),
-                                         flat=d.ema.flat, steps_per_rollout=d.ema.steps_per_rollout),
+                                         flat=d.ema.flat, after=d.ema.after),
                   advantage_scale=d.adv_std)
 
 

@@ -81,10 +81,13 @@ class PolicyState:
     """The moving average in the trained parameters' dtypes (what a model runs with)."""
     return ema_lib.as_params(self.ema, self.trainable)
 
-  def update_ema(self, step: int) -> None:
-    """Folds the current parameters into the moving average after rollout step `step` (1-based) when due."""
-    if self.ema is not None and self.ema_settings.due(step):
-      self.ema = ema_lib.update(self.ema, self.trainable, self.ema_settings.decay_at(step))
+  def update_ema(self, after: str, rollout_step: int) -> None:
+    """Folds the current parameters into the moving average at moment `after` ("rollout": rollout step
+    `rollout_step`, 1-based, has made its updates; "update": an optimizer step has been taken) when due, its decay
+    indexed by the optimizer's own step count."""
+    if self.ema is not None and self.ema_settings.due(after, rollout_step):
+      self.ema = ema_lib.update(self.ema, self.trainable, optimizer_lib.update_count(self.opt_state),
+                                self.ema_settings)
 
   def adapters_record(self) -> dict | None:
     """What a LoRA policy's checkpoints record of its adapters and their base (`check_adapters`); None

@@ -124,6 +124,7 @@ class Trainer:
       with sharding_lib.use_mesh(run.mesh):  # the activations' batch constraints
         state.trainable, state.opt_state, m, outputs = update_fn(
             state.trainable, state.frozen, state.opt_state, batch, policy.anchors(state), it == 0)
+      state.update_ema("update", self.step_index + 1)  # DGPO's ema_ref: after every optimizer step
       if it == 0:
         # The first update computed the old (and reference) log-probs; the later ones read them.
         batch, first_metrics = policy.after_first(batch, outputs)
@@ -154,7 +155,7 @@ class Trainer:
     metrics = {}
     for name in self.states:
       metrics.update(self._updates(name, collected, extra))
-      self.states[name].update_ema(self.step_index + 1)
+      self.states[name].update_ema("rollout", self.step_index + 1)
     metrics["skipped"] = jnp.max(jnp.stack([v for k, v in metrics.items() if k.endswith("skipped")]))
     scalars = jax.device_get({**extra, **metrics})
     t2 = time.perf_counter()

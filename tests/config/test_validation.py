@@ -188,7 +188,7 @@ def _other_value(key, default):
   rule = keys.RULES[key]
   options = [True, False, 1, 2, 3, 7, 0.5, 0.25, 1.5, 2.0, "ghuber", "cps", "high_noise", "stratified", "batch",
              "nft", "awm", "dgpo", "flow_grpo", "sde", "density", "shared", "group", "disabled", "sequence_mask",
-             "x", (0, 1), (1, 3)]
+             "update", "x", (0, 1), (1, 3)]
   if isinstance(default, str):
     options = [o for o in options if isinstance(o, str)] + [default + "x"]
   for value in options:
