@@ -4,16 +4,18 @@ Each row names one setting of a repository's recipe (file and line at the pinned
 in glmrl's config key, and, where the decoder demo cannot take it, the demo's value and why. `apply` (as
 `demo_decoder.get_config` calls it) sets every row's value (the released one, or the demo's where it has its own)
 and names the recipe in `config.decoder.recipe`, against whose rows every run of the config is checked
-(`glmrl.config.recipes`: a flag that changes a row warns, another decoder.algorithm is refused); `docs/gen_released_recipes.py` writes
-the table of docs/reference/released_recipes.md from these rows and from the demo's config itself, and
-tests/docs/test_released_recipes.py fails when either drifts. A row without a key is a setting glmrl cannot express;
-its `why` says what the demo does instead.
+(`glmrl.config.recipes`: a flag that changes a row warns, another decoder.algorithm is refused).
+`docs/gen_released_recipes.py` writes the table of docs/reference/released_recipes.md from these rows and from the
+demo's config itself, and tests/docs/test_released_recipes.py fails when either drifts. The cited lines are kept in
+configs/evidence/ (`docs/gen_recipe_evidence.py`, from the repositories at their commits), where each row's quote
+and the value its literal gives are checked. A row without a key is a setting glmrl cannot express; its `why` says
+what the demo does instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 RELEASED = object()  # `Setting.ours` when the demo takes the released value
 
@@ -27,6 +29,9 @@ class Setting:
   released: Any  # the released value in the key's terms
   ours: Any = RELEASED  # the demo's value where it cannot take the released one
   why: str = ""  # why the demo deviates (or, without a key, what it does instead)
+  # The released value from the literal the quote assigns, where it is not that literal itself (its reading in the
+  # key's terms); docs/gen_recipe_evidence.py checks every assigned literal against the row.
+  follows: Callable[[Any], Any] | None = None
 
   @property
   def deviates(self) -> bool:
@@ -46,6 +51,8 @@ class Recipe:
   settings: tuple[Setting, ...]
 
 
+_ADV_STD = lambda global_std: "batch" if global_std else "group"  # noqa: E731  # the advantages' std
+
 # The demo's budget: 2 prompts x 8 images, 30 rollouts of a tiny random DiT on a CPU, one learning rate for every
 # variant (docs/decoder_rl.md's comparison).
 _GROUP_WHY = "the CPU demo's budget: 2 prompts x 8 images per rollout"
@@ -64,7 +71,7 @@ DGPO = Recipe("dgpo", "Luo-Yihong/DGPO", "01ceb4b", "config/dgpo.py:general_ocr_
             "train_timesteps = [step_index for step_index in range(config.trunc_steps + 1)]",
             "decoder.timestep_draw", "high_noise"),
     Setting("trunc_steps (+ 1)", f"{_DGPO_CFG}:29", "config.trunc_steps = 6 # equals to t_min = shift(0.3)",
-            "decoder.high_noise_steps", 7),
+            "decoder.high_noise_steps", 7, follows=lambda trunc_steps: trunc_steps + 1),
     Setting("generate_shared_sampled_timesteps", f"{_DGPO_TRAIN}:1064",
             "sampled_timesteps = generate_shared_sampled_timesteps(accelerator, train_timesteps, M)",
             "decoder.timestep_sharing", "batch"),
@@ -85,7 +92,8 @@ DGPO = Recipe("dgpo", "Luo-Yihong/DGPO", "01ceb4b", "config/dgpo.py:general_ocr_
             "decoder.ema.flat", 1),
     Setting("train.beta_dpo", f"{_DGPO_CFG}:32", "config.train.beta_dpo = 100", "decoder.dgpo_beta", 100.0),
     Setting("train.beta", f"{_DGPO_CFG}:115", "config.train.beta = 0.02", "decoder.beta", 0.02),
-    Setting("sample.global_std", f"{_DGPO_CFG}:124", "config.sample.global_std = True", "decoder.adv_std", "batch"),
+    Setting("sample.global_std", f"{_DGPO_CFG}:124", "config.sample.global_std = True", "decoder.adv_std", "batch",
+            follows=_ADV_STD),
     Setting("train.adv_clip_max", f"{_DGPO_BASE}:89", "train.adv_clip_max = 5", "decoder.adv_clip_max", 5.0),
     Setting("sample.num_image_per_prompt", f"{_DGPO_CFG}:110",
             "config.sample.num_image_per_prompt = 16 # set to be 24 for better performance.",
@@ -113,7 +121,7 @@ AWM = Recipe("awm", "scxue/advantage_weighted_matching", "be51372",
     Setting("train.train_timesteps", f"{_AWM_CFG}:195", "config.train.train_timesteps = 6",
             "decoder.train_timesteps", 6),
     Setting("time_type", f"{_AWM_CFG}:228", 'config.time_type = "discrete_wo_init"', "decoder.timestep_draw",
-            "stratified"),
+            "stratified", follows={"discrete_wo_init": "stratified"}.get),
     Setting("train.timestep_fraction", f"{_AWM_CFG}:199", "config.train.timestep_fraction = 0.9",
             "decoder.stratified_fraction", 0.9),
     Setting("one draw of t_indices per batch", f"{_AWM_TRAIN}:1201",
@@ -133,7 +141,8 @@ AWM = Recipe("awm", "scxue/advantage_weighted_matching", "be51372",
     Setting("kl_ema_decay_type 'linear'", f"{_AWM_TRAIN}:1413",
             "decay = min(config.train.kl_ema_decay, 0.001 * global_step)", "decoder.ema.ramp", 0.001),
     Setting("train.beta", f"{_AWM_CFG}:194", "config.train.beta = 0.003", "decoder.beta", 0.003),
-    Setting("sample.global_std", f"{_AWM_CFG}:211", "config.sample.global_std=True", "decoder.adv_std", "batch"),
+    Setting("sample.global_std", f"{_AWM_CFG}:211", "config.sample.global_std=True", "decoder.adv_std", "batch",
+            follows=_ADV_STD),
     Setting("train.adv_clip_max", f"{_AWM_BASE}:91", "train.adv_clip_max = 5", "decoder.adv_clip_max", 5.0),
     Setting("sample.num_image_per_prompt", f"{_AWM_CFG}:184", "config.sample.num_image_per_prompt = 24",
             "decoder.group_size", 24, ours=8, why=_GROUP_WHY),
@@ -162,14 +171,16 @@ NFT = Recipe("nft", "NVlabs/DiffusionNFT", "24af555", "config/nft.py:sd3_picksco
             "[torch.randperm(num_timesteps_filtered, device=device) for _ in range(total_batch_size_filtered)]",
             "decoder.timestep_sharing", "image"),
     Setting("beta", f"{_NFT_CFG}:61", "config.beta = 1.0", "decoder.nft_beta", 1.0),
-    Setting("decay_type 1: an average, updated every step", f"{_NFT_CFG}:60", "config.decay_type = 1", "decoder.ema.every", 1),
+    Setting("decay_type 1: an average, updated every step", f"{_NFT_CFG}:60", "config.decay_type = 1",
+            "decoder.ema.every", 1, follows=lambda decay_type: 1 if decay_type in (1, 2) else None),
     Setting("decay_type 1: uphold", f"{_NFT_TRAIN}:177", "uphold = 0.5", "decoder.ema.decay", 0.5),
     Setting("decay_type 1: uprate", f"{_NFT_TRAIN}:176", "uprate = 0.001", "decoder.ema.ramp", 0.001),
     Setting("gradient_step_per_epoch", f"{_NFT_CFG}:104", "gradient_step_per_epoch=1,", None, 1,
             why="one optimizer step per update of the rollout's batch, as here; the average's decay is indexed by "
                 "the optimizer's own step count, as the repository's by its gradient steps"),
     Setting("train.beta", f"{_NFT_CFG}:24", "config.train.beta = 0.0001", "decoder.beta", 1e-4),
-    Setting("sample.global_std", f"{_NFT_BASE}:57", "sample.global_std = True", "decoder.adv_std", "batch"),
+    Setting("sample.global_std", f"{_NFT_BASE}:57", "sample.global_std = True", "decoder.adv_std", "batch",
+            follows=_ADV_STD),
     Setting("train.adv_clip_max", f"{_NFT_BASE}:84", "train.adv_clip_max = 5", "decoder.adv_clip_max", 5.0),
     Setting("sample.num_image_per_prompt", f"{_NFT_CFG}:28", "config.sample.num_image_per_prompt = 24",
             "decoder.group_size", 24, ours=8, why=_GROUP_WHY),

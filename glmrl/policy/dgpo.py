@@ -8,7 +8,8 @@ DPO weight sigmoid(S_g), S_g = beta_dpo sum_i A_i (error_i - reference error_i) 
 a group whose better samples the policy already fits better than the reference does (S_g < 0) weighs less. The
 weights are taken at the update's own parameters before its gradient (a forward of the policy and of the reference
 per trained step, no gradient), as the reference computes them inside its loss, detached. The reference is the
-initial DiT (its adapters off under DiT LoRA); decoder.beta adds the velocity KL to it, as DGPO's `train.beta`.
+initial DiT (its adapters off under DiT LoRA); decoder.beta adds the velocity KL to it, as DGPO's `train.beta`,
+reading the reference velocities the weights' pass made (one reference pass per trained step, as DGPO's).
 
 With `clip_range` (config.decoder.dgpo_clip_dsm, DGPO's `clip_dsm`; scripts/train_sd3_dgpo.py lines 1131-1143)
 an image's flow error keeps no gradient at a trained step where the ratio exp(error under the moving average -
@@ -79,25 +80,31 @@ def dgpo_clip(error_b, old_error_b, advantages_b, clip_range: float):
 
 
 def group_weights(graphdef, params, frozen, rollout, anchors, *, spec):
-  """[B, W] the group weights at `params`: each image's flow error minus the reference's at every trained slot,
-  micro-batch by micro-batch (forwards only), then `matching.dgpo_group_weights`."""
+  """([B, W] the group weights at `params`, [B, W, C, h, w] the reference's velocities or None): each image's flow
+  error minus the reference's at every trained slot, micro-batch by micro-batch (forwards only), then
+  `matching.dgpo_group_weights`. The reference's velocities are kept where the KL reads them (decoder.beta > 0),
+  as DGPO computes `ref_old_v` once for both (scripts/train_sd3_dgpo.py lines 1111-1116, 1150)."""
   ref = lora_lib.adapters_off(params) if spec.reference == "adapters_off" else anchors.reference
 
   def slot(carry, mb, k):
     x_t, target, _, t = dit_matching.slot_inputs(mb, k)
-    error = lambda p: matching.flow_error(dit_matching.velocity(graphdef, p, frozen, mb, x_t, t, spec), target)
-    return carry, jax.lax.stop_gradient(error(params) - error(ref))
+    velocity = lambda p: jax.lax.stop_gradient(dit_matching.velocity(graphdef, p, frozen, mb, x_t, t, spec))
+    ref_v = velocity(ref)
+    delta = matching.flow_error(velocity(params), target) - matching.flow_error(ref_v, target)
+    return carry, (delta, ref_v if spec.beta > 0 else None)
 
-  _, delta_BxW = accumulate.scan_steps(slot, (), rollout, spec.micro_batches, rollout.timesteps.shape[1])
+  _, (delta_BxW, ref_v) = accumulate.scan_steps(slot, (), rollout, spec.micro_batches, rollout.timesteps.shape[1])
   o = spec.objective
   advantages = jnp.clip(rollout.advantages, -o.adv_clip_max, o.adv_clip_max)
-  return matching.dgpo_group_weights(delta_BxW, advantages, o.group_size, o.beta_dpo)
+  return matching.dgpo_group_weights(delta_BxW, advantages, o.group_size, o.beta_dpo), ref_v
 
 
 def accumulate_gradients(graphdef, params, frozen, rollout, anchors, first, *, spec):
-  """The group weights, then `dit_matching.accumulate_gradients` of the weighted loss (the one slot scan)."""
-  weights = group_weights(graphdef, params, frozen, rollout, anchors, spec=spec)
-  return dit_matching.accumulate_gradients(graphdef, params, frozen, rollout.replace(weights=weights), anchors,
+  """The group weights and the reference's velocities, then `dit_matching.accumulate_gradients` of the weighted
+  loss (the one slot scan), its KL reading those velocities."""
+  weights, reference_v = group_weights(graphdef, params, frozen, rollout, anchors, spec=spec)
+  return dit_matching.accumulate_gradients(graphdef, params, frozen,
+                                           rollout.replace(weights=weights, reference_v=reference_v), anchors,
                                            first, spec=spec)
 
 
@@ -115,7 +122,8 @@ class DgpoPolicy(dit_matching.MatchingPolicy):
                                    clip_range=float(d.clip_range) if d.dgpo_clip_dsm else 0.0)
 
   def anchor_passes(self) -> int:
-    """Beside its own: the group weights' forwards of the policy and the reference, and the KL's reference."""
-    return 2 + super().anchor_passes()
+    """Beside its own: the group weights' forwards of the policy and the reference (whose velocities the KL reads
+    too), and the moving average's where it contrasts with it."""
+    return 2 + int(self.spec(1).uses_average)
 
   update = staticmethod(functools.partial(dit.update, accumulate_gradients))

@@ -50,6 +50,9 @@ class MatchingRollout:
   advantages: jax.Array    # [B]
   mask: jax.Array          # [B, W] 1 in the loss, 0 for dropped groups
   weights: jax.Array | None = None  # [B, W] DGPO's group weights, made inside its update (None outside)
+  # [B, W, C, h, w] the reference's velocities at the trained slots, made inside DGPO's update with its group
+  # weights and read by its KL (None: the KL runs the reference itself)
+  reference_v: jax.Array | None = None
 
 
 @struct.dataclass
@@ -122,7 +125,8 @@ def accumulate_gradients(graphdef, params, frozen, rollout: MatchingRollout, anc
     x_t, _, _, t = slot_inputs(mb, k)
     fixed = {"ref": None, "ema": None}
     if spec.beta > 0:
-      fixed["ref"] = jax.lax.stop_gradient(velocity(graphdef, ref, frozen, mb, x_t, t, spec))
+      fixed["ref"] = jax.lax.stop_gradient(velocity(graphdef, ref, frozen, mb, x_t, t, spec)
+                                           if mb.reference_v is None else mb.reference_v[:, k])
     if use_ema:
       fixed["ema"] = jax.lax.stop_gradient(velocity(graphdef, anchors.ema, frozen, mb, x_t, t, spec))
     grads, (aux, old) = grad_fn(params, graphdef, frozen, mb, k, fixed, first, spec)

@@ -198,8 +198,16 @@ def test_dgpo_weights_its_groups_as_the_float64_formula_and_accumulates_exactly(
     for g in (0, 2):
       s_g = sum(adv[i] * 50.0 * delta[i] / 2 for i in (g, g + 1))
       want[g:g + 2, k] = 1.0 / (1.0 + math.exp(-s_g))
-  got = dgpo.group_weights(graphdef, adapters, base, rollout, dm.Anchors(None, None), spec=s)
+  got, reference_v = dgpo.group_weights(graphdef, adapters, base, rollout, dm.Anchors(None, None), spec=s)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4)
+  # The reference's velocities of the weights' pass, kept for the KL (one reference pass per trained step).
+  assert reference_v.shape == (B, SLOTS, *rollout.x0.shape[1:])
+  for k in range(SLOTS):
+    x_t, _, _, t = dm.slot_inputs(rollout, k)
+    want_v = velocity(graphdef, off, base, rollout, x_t, t)  # eagerly, where the update's scan fuses its own
+    np.testing.assert_allclose(np.asarray(reference_v[:, k]), np.asarray(want_v), rtol=1e-4, atol=1e-6)
+  assert dgpo.group_weights(graphdef, adapters, base, rollout, dm.Anchors(None, None),
+                            spec=dataclasses.replace(s, beta=0.0))[1] is None  # no KL: none kept
   assert np.ptp(want) > 1e-3  # the groups weigh differently (the check can fail)
 
   weights = jnp.asarray(want, jnp.float32)
@@ -313,3 +321,30 @@ def test_dgpos_released_split_samples_guided_and_trains_without_guidance():
   clipped = dgpo.DgpoPolicy(config)
   assert clipped.objective.clip_range == config.decoder.clip_range and clipped.spec(8).uses_average
   assert clipped.anchor_passes() == split.anchor_passes() + 1
+  # The weights' policy and reference forwards; the KL (beta 0.02) reads the latter's velocities: 7 -> 6 passes per
+  # trained slot with LoRA (glmrl.policy.dit.DitPolicy.update_flops).
+  assert split.settings.beta > 0 and split.anchor_passes() == 2
+
+
+def test_dgpos_compiled_update_runs_its_velocities_unguided_at_loss_guidance_1():
+  """The lowered update of `:dgpo` (abstractly, as --mode=compile builds it on v5e-8): at loss_guidance 1.0 it is
+  the CFG-free recipe's program (the same dot products: the rollout's guidance 4.5 does not enter it); at the
+  rollout's guidance every DiT pass runs both branches, about twice the dots (all but the few outside the DiT). Its
+  KL (decoder.beta 0.02) adds none: it reads the reference velocities the group weights' pass made."""
+  from configs import demo_decoder
+  from glmrl.programs import abstract, topology
+  from glmrl.programs import compile_mode as mode_lib
+
+  def dots(**settings):
+    config = demo_decoder.get_config("dgpo")
+    config.data.prompts_per_step = 8  # one AR row per chip
+    for key, value in settings.items():
+      config.decoder[key] = value
+    run = abstract.build(config, mode_lib._mesh(config, topology.devices(topology.parse("v5e-8"))))  # pylint: disable=protected-access
+    return abstract.update(run, "decoder").lowered.as_text().count("stablehlo.dot_general")
+
+  split, cfg_free, guided = dots(), dots(train_guidance=1.0), dots(loss_guidance=0.0)
+  assert split == cfg_free
+  assert guided > split and 0 <= 2 * split - guided < split // 10, (split, guided)
+  # Its KL to the reference reads the reference velocities of the group weights' pass: no DiT pass of its own.
+  assert dots(beta=0.0) == split
