@@ -133,9 +133,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.decoder.timestep_draw = "uniform"  # "uniform", "high_noise" or "stratified".
   c.decoder.high_noise_steps = 0  # high_noise: the first this many steps (DGPO's trunc_steps + 1), >= train_timesteps.
   c.decoder.stratified_fraction = 0.9  # stratified: in (0, 1], the schedule's share the strata span (AWM's 0.9).
-  # Who shares a draw of trained steps: each image its own, a group's images, or the whole batch (DGPO's and AWM's
-  # repositories). dgpo draws per group at least (its groups share their noise).
-  c.decoder.timestep_sharing = "image"  # "image", "group" or "batch".
+  # Who shares a draw of trained steps: each image its own, a group's images, the rows of one update micro-batch
+  # on one data shard (AWM's, per micro-batch of each GPU) or the whole batch (DGPO's). dgpo draws per group at
+  # least (its groups share their noise).
+  c.decoder.timestep_sharing = "image"  # "image", "group", "micro_batch" (of each data shard) or "batch".
   c.decoder.nft_beta = 1.0  # nft: b in (0, 1], the step from the old policy to the implicit positive/negative ones.
   # awm: the log-likelihood's weight of its flow-matching error: "uniform", "t" (sigma), "t2" (sigma^2), or AWM's
   # released "ghuber": -sigma ((mse + 1e-10)^p - 1e-10^p) / p, p = awm_ghuber_power (`glmrl.grpo.matching`).

@@ -10,8 +10,8 @@ The AR generator is sampled but not trained (one token grid per prompt); the DiT
 - `nft`, `awm`, `dgpo`: DiffusionNFT, Advantage Weighted Matching and Direct Group Preference Optimization as their
   repositories release them (`configs/released.py`, setting by setting with file and line; the table in
   docs/reference/released_recipes.md): nft its default recipe (CFG-free, 9 of 10 steps per image, the average's
-  decay min(0.001 n, 0.5)), awm its OCR recipe (CFG-free, 6 stratified steps of 14 shared by the batch, ghuber,
-  clip 1, KL 1 to the average and 0.003 to the base), dgpo its OCR recipe (rollouts at CFG 4.5 and a CFG-free loss,
+  decay min(0.001 n, 0.5)), awm its OCR recipe (CFG-free, 6 stratified steps of 14 shared by each data shard's
+  micro-batch, ghuber, clip 1, KL 1 to the average and 0.003 to the base), dgpo its OCR recipe (rollouts at CFG 4.5 and a CFG-free loss,
   4 of the 7 noisiest of 10 steps shared by the batch, clip_dsm at 1e-2, KL 0.02).
   Where the demo deviates, for all three: `decoder.group_size` 8 (released 16 or 24) for the CPU's budget and
   `decoder.optim.learning_rate` 3e-2 (released 3e-4), the one rate at which every variant's tiny random DiT learns

@@ -168,6 +168,10 @@ def test_a_setting_that_nothing_reads_is_refused_in_one_line(flags, message, tmp
       "--config.decoder.timestep_draw=stratified"),
      "config.decoder.train_timesteps=0: must be in [1, 2] with decoder.timestep_draw='stratified' (one step per "
      "stratum of steps 1 .. int(train_steps x stratified_fraction) = 3)"),
+    (("--config.decoder.algorithm=dgpo", "--config.decoder.window_range=(0,0)",
+      "--config.decoder.timestep_sharing=micro_batch"),
+     "config.decoder.timestep_sharing='micro_batch': decoder.algorithm='dgpo' trains a group's images at the same "
+     "steps"),
     (("--config.decoder.algorithm=dgpo", "--config.decoder.window_range=(0,0)", "--config.decoder.dgpo_clip_dsm=True"),
      "config.decoder.ema.every=0: config.decoder.dgpo_clip_dsm clips against the moving average"),
     (("--config.decoder.sde_type=cps", "--config.decoder.window_start=2"),

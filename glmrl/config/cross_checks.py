@@ -96,6 +96,10 @@ def _window(values, steps: int) -> None:
 def _draw(values, steps: int) -> None:
   """How nft, awm and dgpo draw the steps they train, within the rollout's schedule."""
   draw, slots = values["decoder.timestep_draw"], values["decoder.train_timesteps"]
+  sharing = values["decoder.timestep_sharing"]
+  check(values["decoder.algorithm"] != "dgpo" or sharing != "micro_batch", "config.decoder.timestep_sharing",
+         sharing, "decoder.algorithm='dgpo' trains a group's images at the same steps (its shared noise), and a "
+         "micro-batch takes rows of many groups: use 'group' or 'batch'")
   check(slots <= steps, "config.decoder.train_timesteps", slots, f"must be <= config.decoder.train_steps={steps} "
          "(distinct steps of the rollout's schedule per image)")
   if draw == "high_noise":

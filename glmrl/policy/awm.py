@@ -26,6 +26,7 @@ class AwmObjective:
   ghuber_power: float = 0.25
   advantage_max: float = 0.0  # > 0: advantages rescaled to [-advantage_max, advantage_max] (`rescaled_advantages`)
   contrasts_average = False
+  reads_reference = False  # the reference's velocity enters only through the KL
   has_ratio = True
   stats = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
 

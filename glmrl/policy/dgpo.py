@@ -6,10 +6,13 @@ one group's images noised alike: the same trained steps and the same noise (DGPO
 trained step every image's flow-matching error under the policy is weighted by its advantage and by its group's
 DPO weight sigmoid(S_g), S_g = beta_dpo sum_i A_i (error_i - reference error_i) / G (`matching.dgpo_group_weights`):
 a group whose better samples the policy already fits better than the reference does (S_g < 0) weighs less. The
-weights are taken at the update's own parameters before its gradient (a forward of the policy and of the reference
-per trained step, no gradient), as the reference computes them inside its loss, detached. The reference is the
-initial DiT (its adapters off under DiT LoRA); decoder.beta adds the velocity KL to it, as DGPO's `train.beta`,
-reading the reference velocities the weights' pass made (one reference pass per trained step, as DGPO's).
+weights are taken at the update's own parameters, detached, as DGPO computes them inside its loss: where one
+micro-batch holds the whole batch (decoder.micro_batch_size 0 or the batch: every group whole), from the gradient
+pass's own forward and the reference's velocity beside it; else from a pass of forwards before the gradient's (the
+policy's and the reference's per trained step, a group's rows spread over micro-batches), the reference's
+velocities kept for the gradient's pass. The reference is the initial DiT (its adapters off under DiT LoRA);
+decoder.beta adds the velocity KL to it, as DGPO's `train.beta`, reading the same reference velocities (one
+reference pass per trained step, as DGPO's `ref_old_v`).
 
 With `clip_range` (config.decoder.dgpo_clip_dsm, DGPO's `clip_dsm`; scripts/train_sd3_dgpo.py lines 1131-1143)
 an image's flow error keeps no gradient at a trained step where the ratio exp(error under the moving average -
@@ -38,16 +41,23 @@ from glmrl.policy import dit_matching
 
 @dataclasses.dataclass(frozen=True)
 class DgpoObjective:
-  """DGPO's loss of one slot: the group-weighted, advantage-weighted flow error (weights from `mb.weights`)."""
+  """DGPO's loss of one slot: the group-weighted, advantage-weighted flow error."""
   beta_dpo: float
   adv_clip_max: float
   group_size: int
   clip_range: float = 0.0  # DGPO's clip_dsm against the moving average; 0: off
+  # The weights from the slot's own forward and the reference's velocity (the micro-batch holds whole groups);
+  # False: read from `mb.weights` (`group_weights`)
+  weights_in_pass: bool = False
   has_ratio = False
 
   @property
   def contrasts_average(self) -> bool:
     return self.clip_range > 0
+
+  @property
+  def reads_reference(self) -> bool:
+    return self.weights_in_pass
 
   @property
   def stats(self) -> tuple[str, ...]:
@@ -57,8 +67,12 @@ class DgpoObjective:
     del x_t, sigma, first
     masked_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     advantages = jnp.clip(mb.advantages, -self.adv_clip_max, self.adv_clip_max)
-    weight = mb.weights[:, k]
     error = matching.flow_error(v, target)
+    if self.weights_in_pass:
+      delta = error - matching.flow_error(fixed["ref"], target)  # detached by `dgpo_group_weights`
+      weight = matching.dgpo_group_weights(delta[:, None], advantages, self.group_size, self.beta_dpo)[:, 0]
+    else:
+      weight = mb.weights[:, k]
     aux = {}
     if self.clip_range > 0:
       clipped = dgpo_clip(error, matching.flow_error(fixed["ema"], target), advantages, self.clip_range)
@@ -99,9 +113,17 @@ def group_weights(graphdef, params, frozen, rollout, anchors, *, spec):
   return matching.dgpo_group_weights(delta_BxW, advantages, o.group_size, o.beta_dpo), ref_v
 
 
+def weights_in_pass(spec) -> bool:
+  """Whether the update's one micro-batch holds every group whole, so the gradient's pass makes the weights."""
+  return spec.micro_batches == 1
+
+
 def accumulate_gradients(graphdef, params, frozen, rollout, anchors, first, *, spec):
-  """The group weights and the reference's velocities, then `dit_matching.accumulate_gradients` of the weighted
-  loss (the one slot scan), its KL reading those velocities."""
+  """`dit_matching.accumulate_gradients` of the weighted loss (the one slot scan): one micro-batch makes its group
+  weights in the pass (`weights_in_pass`); several read those of `group_weights` and its reference velocities."""
+  if weights_in_pass(spec):
+    spec = dataclasses.replace(spec, objective=dataclasses.replace(spec.objective, weights_in_pass=True))
+    return dit_matching.accumulate_gradients(graphdef, params, frozen, rollout, anchors, first, spec=spec)
   weights, reference_v = group_weights(graphdef, params, frozen, rollout, anchors, spec=spec)
   return dit_matching.accumulate_gradients(graphdef, params, frozen,
                                            rollout.replace(weights=weights, reference_v=reference_v), anchors,
@@ -121,9 +143,11 @@ class DgpoPolicy(dit_matching.MatchingPolicy):
                                    group_size=d.group_size,
                                    clip_range=float(d.clip_range) if d.dgpo_clip_dsm else 0.0)
 
-  def anchor_passes(self) -> int:
-    """Beside its own: the group weights' forwards of the policy and the reference (whose velocities the KL reads
-    too), and the moving average's where it contrasts with it."""
-    return 2 + int(self.spec(1).uses_average)
+  def anchor_passes(self, images: int) -> int:
+    """Beside its own: the reference's (for the weights and the KL), the policy's no-gradient forward of the
+    weights' pass unless the gradient's pass makes them (`weights_in_pass`), and the moving average's where it
+    contrasts with it."""
+    spec = self.spec(images)
+    return 1 + int(not weights_in_pass(spec)) + int(spec.uses_average)
 
   update = staticmethod(functools.partial(dit.update, accumulate_gradients))

@@ -157,12 +157,13 @@ class DitPolicy(BoundPolicy, abc.ABC):
     """Denoising steps its update trains per image."""
 
   @abc.abstractmethod
-  def anchor_passes(self) -> int:
-    """DiT forwards its update adds per trained step beside its own (the KL reference's, the moving average's)."""
+  def anchor_passes(self, images: int) -> int:
+    """DiT forwards its update on `images` rows adds per trained step beside its own (the KL reference's, the
+    moving average's)."""
 
   def update_flops(self, counts: FlopCounts) -> float:
     """Per trained step and image the guided forward (one branch at loss guidance 1.0), a backward of 2x it (2x
     more with weight gradients of the whole DiT) and its anchors' forwards."""
     train_pass = counts.dit_pass * (1 if self.loss_guidance == 1.0 else 2)
-    passes = 1 + (2 if self.settings.lora.enabled else 4) + self.anchor_passes()
+    passes = 1 + (2 if self.settings.lora.enabled else 4) + self.anchor_passes(counts.images)
     return float(self.settings.num_iterations * counts.images * self.trained_steps() * train_pass * passes)

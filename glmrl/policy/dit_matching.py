@@ -7,8 +7,8 @@ The rollout is the plain ODE sampler (decoder.train_steps steps at decoder.train
 one DiT pass per step); only the clean latents x0 of each image are kept, no trajectory. Each image then
 trains at `decoder.train_timesteps` steps of that schedule (`draw_slots`, by `decoder.timestep_draw`: distinct
 steps of the whole schedule, as DiffusionNFT trains at the sampling schedule's own timesteps shuffled per sample;
-of its first steps, DGPO's; one per stratum, AWM's), drawn per image, per group or once for the batch
-(`decoder.timestep_sharing`), noised with fresh eps per (image, timestep):
+of its first steps, DGPO's; one per stratum, AWM's), drawn per image, per group, per micro-batch of each data
+shard or once for the batch (`decoder.timestep_sharing`), noised with fresh eps per (image, timestep):
 x_t = (1 - sigma) x0 + sigma eps with the schedule's sigma, the DiT run at the schedule's timestep, as the
 sampler pairs them. eps is drawn from a per-image key folded with the timestep's slot, so every iteration
 of an update sees the same x_t (AWM's old and new log-probs then compare the same points).
@@ -78,6 +78,11 @@ class MatchingSpec:
     """The update runs the moving average's velocity: the objective contrasts with it, or it anchors the loss."""
     return self.objective.contrasts_average or self.ema_beta > 0
 
+  @property
+  def uses_reference(self) -> bool:
+    """The update runs the reference's velocity at each slot: under a KL, or where the objective reads it."""
+    return self.beta > 0 or self.objective.reads_reference
+
 
 def velocity(graphdef, params, frozen, mb: MatchingRollout, x_t, t_b, spec: MatchingSpec):
   """The (guided) velocity [b, C, h, w] of the DiT under `params` at x_t and per-image timesteps t_b."""
@@ -99,7 +104,7 @@ def _slot_loss(params, graphdef, frozen, mb, k, fixed, first, spec: MatchingSpec
   v = velocity(graphdef, params, frozen, mb, x_t, t, spec)
   mask = mb.mask[:, k]
   masked_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-  kl = None if fixed["ref"] is None else matching.velocity_kl(v, fixed["ref"])
+  kl = None if spec.beta == 0 else matching.velocity_kl(v, fixed["ref"])
   numerator, aux, old = spec.objective.slot_loss(v, x_t, target, sigma, mb, k, fixed, first, kl, mask, spec.beta)
   if spec.ema_beta > 0:
     ema_kl = matching.velocity_kl(v, fixed["ema"])
@@ -124,7 +129,7 @@ def accumulate_gradients(graphdef, params, frozen, rollout: MatchingRollout, anc
   def slot(carry, mb, k):
     x_t, _, _, t = slot_inputs(mb, k)
     fixed = {"ref": None, "ema": None}
-    if spec.beta > 0:
+    if spec.uses_reference:
       fixed["ref"] = jax.lax.stop_gradient(velocity(graphdef, ref, frozen, mb, x_t, t, spec)
                                            if mb.reference_v is None else mb.reference_v[:, k])
     if use_ema:
@@ -141,7 +146,7 @@ update = functools.partial(dit.update, accumulate_gradients)
 
 
 TIMESTEP_DRAWS = ("uniform", "high_noise", "stratified")
-TIMESTEP_SHARING = ("image", "group", "batch")
+TIMESTEP_SHARING = ("image", "group", "micro_batch", "batch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +158,10 @@ class SlotDraw:
   - "stratified": one step in each of `slots` strata of steps 1 .. int(s x `fraction`): AWM's `discrete_wo_init`
     (scxue/advantage_weighted_matching scripts/train_sd3_awm.py lines 1198-1205), step = lower + int(u x (upper -
     lower)) with the strata's bounds (`stratum_bounds`).
-  Each draw is made per image, per group or once for the whole batch (`sharing`; both repositories share theirs
-  across the batch)."""
+  Each draw is made per image, per group, per micro-batch of each data shard or once for the whole batch
+  (`sharing`): DGPO draws once per inner epoch for every image (train_sd3_dgpo.py line 1064), AWM once per training
+  micro-batch of each GPU (`rand_u` in its loop over one GPU's micro-batches, train_sd3_awm.py lines 1119 and
+  1201), `micro_batch` here (`draw_of_row`)."""
   kind: str = "uniform"
   sharing: str = "image"
   high_noise_steps: int = 0
@@ -177,6 +184,19 @@ def stratum_bounds(top: int, slots: int) -> np.ndarray:
   from either end, by vector width), and truncating then takes the step before; the integer is the bound AWM
   means (tests/policy/test_slot_draws.py: equal to torch's wherever no bound is an exact integer)."""
   return 1 + (np.arange(slots + 1) * (top - 1)) // slots
+
+
+def draw_of_row(rows: int, group: int, sharing: str, micro_batches: int = 1, shards: int = 1) -> tuple:
+  """(int [rows] the draw each row takes, the number of draws) of a rollout in groups of `group` consecutive rows.
+  Under "micro_batch" the draws are in AWM's order, shard by shard and within one its micro-batches in turn: the rows of data shard d (its
+  contiguous block of rows / shards) in update micro-batch i (rows i, i + m, ..., `accumulate.split_micro`) take
+  draw d m + i, so a draw is shared by one shard's rows of one micro-batch as AWM's by one GPU's (and the same run
+  on another count of shards draws otherwise, as AWM's on another count of GPUs)."""
+  r = np.arange(rows)
+  if sharing == "micro_batch":
+    return (r // (rows // shards)) * micro_batches + r % micro_batches, shards * micro_batches
+  per_draw = {"image": 1, "group": group, "batch": rows}[sharing]
+  return r // per_draw, rows // per_draw
 
 
 def draw_slots(key, model_timesteps_s, sigmas_e, draws: int, slots: int, draw: SlotDraw = SlotDraw()):
@@ -218,13 +238,14 @@ class MatchingPolicy(dit.DitPolicy):
     return SlotDraw(kind=d.timestep_draw, sharing=sharing, high_noise_steps=d.high_noise_steps,
                     fraction=float(d.stratified_fraction))
 
-  def trained_slots(self, key, model_timesteps_s, sigmas_e, rows: int, group: int) -> tuple:
-    """([rows, W] timesteps, [rows, W] sigmas) of a rollout of `rows` images in groups of `group` consecutive rows:
-    one draw per image, per group or for all rows (`slot_draw`)."""
+  def trained_slots(self, key, model_timesteps_s, sigmas_e, rows: int, group: int, shards: int = 1) -> tuple:
+    """([rows, W] timesteps, [rows, W] sigmas) of a rollout of `rows` images in groups of `group` consecutive rows,
+    its batch split over `shards` data shards: one draw per image, per group, per micro-batch of each shard or for
+    all rows (`slot_draw`, `draw_of_row`)."""
     draw = self.slot_draw()
-    rows_per_draw = {"image": 1, "group": group, "batch": rows}[draw.sharing]
-    timesteps, sigmas = draw_slots(key, model_timesteps_s, sigmas_e, rows // rows_per_draw, self.slots(), draw)
-    return jnp.repeat(timesteps, rows_per_draw, axis=0), jnp.repeat(sigmas, rows_per_draw, axis=0)
+    row_draw, draws = draw_of_row(rows, group, draw.sharing, self.settings.micro_batches(rows), shards)
+    timesteps, sigmas = draw_slots(key, model_timesteps_s, sigmas_e, draws, self.slots(), draw)
+    return timesteps[row_draw], sigmas[row_draw]
 
   def rollout_leg(self, run, prepared, sample, key, dit_params, step: int) -> tuple:
     """(images, MatchingRollout, metrics): every grid decoded by the ODE, the clean latents kept with each image's
@@ -237,7 +258,7 @@ class MatchingPolicy(dit.DitPolicy):
     b = x0.shape[0]
     g = run.request.samples_per_grid if self.shares_group_noise else 1
     timesteps, sigmas = self.trained_slots(slot_key, *pipeline.schedule(self.train_steps), b,
-                                           run.request.samples_per_grid)
+                                           run.request.samples_per_grid, pipeline.batch_devices)
     keys = jax.random.split(train_key, b // g)
     per_row = lambda x: pipeline.shard_batch(jnp.repeat(x, g, axis=0) if g > 1 else x)
     rollout = MatchingRollout(
@@ -274,9 +295,10 @@ class MatchingPolicy(dit.DitPolicy):
   def trained_steps(self) -> int:
     return self.slots()
 
-  def anchor_passes(self) -> int:
-    """The DiT forwards its update adds per trained step beside its own: the reference's under a KL, the moving
-    average's when the objective contrasts with it or an anchor weighs it."""
-    return int(self.settings.beta > 0) + int(self.spec(1).uses_average)
+  def anchor_passes(self, images: int) -> int:
+    """The DiT forwards its update on `images` rows adds per trained step beside its own: the reference's under a
+    KL, the moving average's when the objective contrasts with it or an anchor weighs it."""
+    spec = self.spec(images)
+    return int(spec.uses_reference) + int(spec.uses_average)
 
   update = staticmethod(update)

@@ -249,8 +249,9 @@ class FlowGrpoPolicy(dit.DitPolicy):
     """Denoising steps its update trains per image: the SDE window."""
     return self.config.decoder.window_size
 
-  def anchor_passes(self) -> int:
+  def anchor_passes(self, images: int) -> int:
     """The DiT forwards its update adds per trained step beside its own: the reference's under a KL."""
+    del images
     return int(self.settings.beta > 0)
 
   update = staticmethod(update)

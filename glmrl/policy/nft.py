@@ -22,6 +22,7 @@ class NftObjective:
   nft_beta: float
   adv_clip_max: float
   contrasts_average = True  # its loss needs the moving average's velocity
+  reads_reference = False  # the reference's velocity enters only through the KL
   has_ratio = False
   stats = ("kl_mean", "old_deviation")
 

@@ -177,8 +177,9 @@ def test_cps_window_logprobs_are_the_learners():
 def test_dgpo_weights_its_groups_as_the_float64_formula_and_accumulates_exactly(setup):
   """DGPO's group weights at the update's parameters against the float64 formula of DGPO's own lines (Luo-Yihong/
   DGPO scripts/train_sd3_dgpo.py 162-193: sigmoid(sum_g A_i beta delta_i / G), delta = error - reference error),
-  from errors recomputed here (rows 0-1 and 2-3 are the groups); then its accumulated gradient over two
-  micro-batches x two slots equals the whole batch's of sum w A error + beta KL (rtol 1e-4)."""
+  from errors recomputed here (rows 0-1 and 2-3 are the groups); then its accumulated gradient equals the whole
+  batch's of sum w A error + beta KL (rtol 1e-4): over two micro-batches x two slots (the weights' pass first), and
+  over one x two (the weights made in the gradient's pass, from its own forward and the reference's velocity)."""
   from glmrl.policy import dgpo
 
   graphdef, adapters, base, ema, rollout = setup
@@ -223,10 +224,14 @@ def test_dgpo_weights_its_groups_as_the_float64_formula_and_accumulates_exactly(
       total, count = total + jnp.sum(term * rollout.mask[:, k]), count + jnp.sum(rollout.mask[:, k])
     return total / count
 
-  grads_sum, stats, _ = dgpo.accumulate_gradients(graphdef, adapters, base, rollout, dm.Anchors(None, None), True,
-                                                  spec=dataclasses.replace(s, micro_batches=2))
-  for g, w in zip(jax.tree.leaves(grads_sum), jax.tree.leaves(jax.grad(whole_batch)(adapters))):
-    np.testing.assert_allclose(np.asarray(g) / float(stats["denominator"]), np.asarray(w), rtol=1e-4, atol=1e-7)
+  want_grads = jax.tree.leaves(jax.grad(whole_batch)(adapters))
+  for micro_batches in (2, 1):
+    grads_sum, stats, _ = dgpo.accumulate_gradients(graphdef, adapters, base, rollout, dm.Anchors(None, None), True,
+                                                    spec=dataclasses.replace(s, micro_batches=micro_batches))
+    for g, w in zip(jax.tree.leaves(grads_sum), want_grads):
+      np.testing.assert_allclose(np.asarray(g) / float(stats["denominator"]), np.asarray(w), rtol=1e-4, atol=1e-7)
+    kept = np.asarray(want)[np.asarray(rollout.mask) > 0].mean()  # the weights' masked mean, as reported
+    np.testing.assert_allclose(float(stats["group_weight_mean"]) / float(stats["denominator"]), kept, rtol=1e-4)
 
 
 def dgpo_clip_dsm_loss_torch(model_v, old_v, ref_v, target_v, advantages, adv_clip_max, clip_range, beta_dpo, group_size):
@@ -320,17 +325,24 @@ def test_dgpos_released_split_samples_guided_and_trains_without_guidance():
   config.decoder.dgpo_clip_dsm, config.decoder.ema.every = True, 1
   clipped = dgpo.DgpoPolicy(config)
   assert clipped.objective.clip_range == config.decoder.clip_range and clipped.spec(8).uses_average
-  assert clipped.anchor_passes() == split.anchor_passes() + 1
-  # The weights' policy and reference forwards; the KL (beta 0.02) reads the latter's velocities: 7 -> 6 passes per
-  # trained slot with LoRA (glmrl.policy.dit.DitPolicy.update_flops).
-  assert split.settings.beta > 0 and split.anchor_passes() == 2
+  assert clipped.anchor_passes(8) == split.anchor_passes(8) + 1
+  # One reference pass per trained slot, for the weights and the KL (beta 0.02); the weights from the gradient
+  # pass's forward when one micro-batch holds every group, else a forward of the policy before it: 5 or 6 passes
+  # per trained slot with LoRA (glmrl.policy.dit.DitPolicy.update_flops), 7 before either was shared.
+  assert split.settings.beta > 0 and split.anchor_passes(8) == 1
+  config.decoder.dgpo_clip_dsm, config.decoder.micro_batch_size = False, 4
+  halves = dgpo.DgpoPolicy(config)
+  assert halves.anchor_passes(8) == 2 and halves.update_flops(counts) * 4 == split.update_flops(counts) * 5
 
 
 def test_dgpos_compiled_update_runs_its_velocities_unguided_at_loss_guidance_1():
   """The lowered update of `:dgpo` (abstractly, as --mode=compile builds it on v5e-8): at loss_guidance 1.0 it is
   the CFG-free recipe's program (the same dot products: the rollout's guidance 4.5 does not enter it); at the
   rollout's guidance every DiT pass runs both branches, about twice the dots (all but the few outside the DiT). Its
-  KL (decoder.beta 0.02) adds none: it reads the reference velocities the group weights' pass made."""
+  KL (decoder.beta 0.02) adds none: it reads the reference velocities the group weights are made with. In one
+  micro-batch (the demo's) the gradient's pass makes the weights from its own forward; in two (a group's rows in
+  both) a pass before it runs the policy's forward besides: one DiT forward's dots more, as many as the moving
+  average's forward for clip_dsm adds."""
   from configs import demo_decoder
   from glmrl.programs import abstract, topology
   from glmrl.programs import compile_mode as mode_lib
@@ -346,5 +358,7 @@ def test_dgpos_compiled_update_runs_its_velocities_unguided_at_loss_guidance_1()
   split, cfg_free, guided = dots(), dots(train_guidance=1.0), dots(loss_guidance=0.0)
   assert split == cfg_free
   assert guided > split and 0 <= 2 * split - guided < split // 10, (split, guided)
-  # Its KL to the reference reads the reference velocities of the group weights' pass: no DiT pass of its own.
+  # Its KL to the reference reads the reference velocities the group weights are made with: no pass of its own.
   assert dots(beta=0.0) == split
+  forward = split - dots(dgpo_clip_dsm=False)  # the moving average's forward (clip_dsm's)
+  assert forward > 0 and dots(micro_batch_size=32) - split == forward, (split, forward)

@@ -5,6 +5,10 @@
   draws: the same step indices exactly, at AWM's released setting (14 steps, fraction 0.9, 6 timesteps) and uneven
   ones; its strata's bounds equal torch's linspace wherever no bound is an exact integer (every schedule up to 120
   steps), and the exact integer where one is (torch's float32 can land below it).
+- "micro_batch" sharing is AWM's loop (train_sd3_awm.py lines 1104-1112 cut one GPU's samples into
+  micro-batches, line 1119 loops over them, line 1201 draws `rand_u` inside the loop): transcribed in numpy on the
+  same uniform draws, each data shard's rows of each update micro-batch train AWM's integers for that GPU's
+  micro-batch, GPU by GPU and micro-batch by micro-batch in turn, evenly split and not.
 - "high_noise" is DGPO's `random.sample(range(trunc_steps + 1), M)` (Luo-Yihong/DGPO @ 01ceb4b,
   scripts/train_sd3_dgpo.py lines 1062-1064 and 52-74): Python's RNG cannot be shared, so its law is checked, M
   distinct steps of the first trunc_steps + 1, each taken with probability M / (trunc_steps + 1) (30,000 draws,
@@ -20,7 +24,7 @@ import numpy as np
 import pytest
 
 from configs import demo_decoder
-from glmrl.policy import awm, dgpo, nft
+from glmrl.policy import accumulate, awm, dgpo, nft
 from glmrl.policy import dit_matching as dm
 
 
@@ -46,6 +50,48 @@ def test_stratified_is_awms_discrete_wo_init_on_the_same_draws(steps, fraction, 
   np.testing.assert_array_equal(got, want)
   assert got.min() >= 1 and got.max() < int(steps * fraction)  # never step 0 (sigma 1) nor the last steps
   assert (np.diff(got, axis=1) > 0).all()  # one per stratum, in order
+
+
+def awm_loop_t_indices(num_steps, timestep_fraction, train_timesteps, gpus, micro_batches, rand_u) -> np.ndarray:
+  """int [gpus, micro_batches, train_timesteps]: AWM's `discrete_wo_init` t_indices of each GPU's micro-batches in
+  its loop's order (lines 1119, 1198-1205), in numpy: `rand_u` [gpus x micro_batches, train_timesteps] its
+  torch.rand draws, one per micro-batch, GPU 0's first."""
+  boundaries = np.linspace(1, int(num_steps * timestep_fraction), train_timesteps + 1)
+  lower, upper = boundaries[:-1].astype(np.int64), boundaries[1:].astype(np.int64)
+  out = np.zeros((gpus, micro_batches, train_timesteps), np.int64)
+  draw = 0
+  for gpu in range(gpus):
+    for i in range(micro_batches):
+      out[gpu, i] = lower + (rand_u[draw] * (upper - lower)).astype(np.int64)
+      draw += 1
+  return out
+
+
+@pytest.mark.parametrize("rows,shards,micro,steps,slots", [
+    (48, 4, 12, 14, 6),  # AWM's released 14 steps, 6 timesteps; 3 rows of each micro-batch on each shard
+    (24, 8, 12, 10, 3)])  # micro-batches of 12 over 8 shards: uneven, 1 or 2 rows of one on a shard
+def test_micro_batch_sharing_is_awms_loop_over_each_gpus_micro_batches(rows, shards, micro, steps, slots):
+  policy = awm.AwmPolicy(_config("awm", timestep_sharing="micro_batch", micro_batch_size=micro, train_steps=steps,
+                                 train_timesteps=slots, timestep_draw="stratified", stratified_fraction=0.9))
+  model_timesteps = jnp.arange(steps, 0, -1, dtype=jnp.float32) * 1000.0 / steps
+  sigmas = jnp.linspace(1.0, 0.0, steps + 1)
+  key, m = jax.random.key(5), rows // micro
+  timesteps, _ = policy.trained_slots(key, model_timesteps, sigmas, rows, 4, shards)
+  got = np.asarray(timesteps)
+  rand_u = np.asarray(jax.random.uniform(key, (shards * m, slots)))  # the draws `indices` makes
+  want = awm_loop_t_indices(steps, 0.9, slots, shards, m, rand_u)
+  micro_rows = np.asarray(accumulate.split_micro(jnp.arange(rows), m))  # [m, rows / m]: the update's micro-batches
+  seen = 0
+  for gpu in range(shards):
+    block = set(range(gpu * rows // shards, (gpu + 1) * rows // shards))  # the rows shard `gpu` holds
+    for i in range(m):
+      members = [r for r in micro_rows[i] if r in block]
+      assert members, (gpu, i)
+      np.testing.assert_array_equal(got[members], np.broadcast_to(np.asarray(model_timesteps)[want[gpu, i]],
+                                                                  (len(members), slots)), err_msg=f"{gpu} {i}")
+      seen += len(members)
+  assert seen == rows
+  assert len({tuple(r) for r in got}) > 1  # draws differ (almost surely)
 
 
 def test_stratum_bounds_are_torchs_linspace_or_the_exact_integer_it_rounds_below():
