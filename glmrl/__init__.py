@@ -22,7 +22,10 @@ one meaning throughout the package:
   s  denoising steps of a schedule            e  its step edges (s + 1 sigmas)
 """
 
+from glmrl.runtime import library_logs as _library_logs
 from glmrl.runtime import platform as _platform
+
+_library_logs.drop_known_noise()
 
 if _platform.chosen_at_import():
   _platform.choose()

@@ -37,6 +37,7 @@ import importlib
 import io
 import json
 import math
+import re
 import socket
 import sys
 import threading
@@ -49,6 +50,7 @@ from glmrl import errors
 from glmrl.rewards.detections import check_detection
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -68,9 +70,11 @@ class Limits:
 
 
 class BadRequest(ValueError):
-  def __init__(self, status: int, message: str):
+  """An answer of HTTP `status`; `unread`: bytes of the body the client still sends (refused before reading)."""
+
+  def __init__(self, status: int, message: str, unread: int = 0):
     super().__init__(message)
-    self.status = status
+    self.status, self.unread = status, unread
 
 
 def _reject_constant(name):
@@ -98,6 +102,8 @@ def decode_image(text: Any, i: int, limits: Limits) -> np.ndarray:
       return np.asarray(img, np.uint8).copy()
   except BadRequest:
     raise
+  except Image.UnidentifiedImageError as e:  # its message quotes the in-memory file object
+    raise BadRequest(400, f"images[{i}] could not be decoded (not a readable PNG: truncated or corrupt)") from e
   except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
     raise BadRequest(400, f"images[{i}] could not be decoded ({type(e).__name__}: {e})") from e
 
@@ -172,12 +178,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
   server: "RewardServer"
   server_version = "glmrl-reward-server/1"
   timeout = 120  # seconds a connection may stall while sending its request
+  DROP_BYTES = 2**31  # of a refused body, read and discarded at most
+  DROP_WAIT_S = 5.0
 
   def log_message(self, format, *args):
     if self.server.verbose:
       super().log_message(format, *args)
 
   def _reply(self, status: int, payload: dict):
+    if "error" in payload:  # for the client's user: no Python object's repr (a scorer's message may hold one)
+      payload = {**payload, "error": _OBJECT_REPR.sub("an object", payload["error"])}
     body = json.dumps(payload).encode("utf-8")
     self.send_response(status)
     self.send_header("Content-Type", "application/json")
@@ -197,6 +207,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     except BadRequest as e:
       self.close_connection = True
       self._reply(e.status, {"error": str(e)})
+      if e.unread:
+        self._drop(e.unread)
       return
     try:
       with self.server.scoring:
@@ -217,19 +229,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     if length is None or not length.isdigit():
       raise BadRequest(411, f"a Content-Length header is required, got {length!r}")
     limits, n = self.server.limits, int(length)
-    if n > limits.max_request_bytes:
-      # A body left unread makes the kernel reset the connection, and the client would see that
-      # instead of this answer; bodies up to twice the limit are read and dropped first.
-      left = n if n <= 2 * limits.max_request_bytes else 0
-      while left > 0:
-        got = len(self.rfile.read(min(2**20, left)))
-        left = left - got if got else 0
+    if n > limits.max_request_bytes:  # answered before any of the body is read (`do_POST` drops it after)
       raise BadRequest(413, f"request of {n} bytes is larger than max_request_bytes={limits.max_request_bytes}; "
-                       "send fewer images per request (the client's chunk_size)")
+                       "send fewer images per request (the client's chunk_size)", unread=n)
     body = self.rfile.read(n)
     if len(body) != n:
       raise BadRequest(400, f"body ended after {len(body)} of {n} bytes")
     return parse_request(body, limits)
+
+  def _drop(self, n: int) -> None:
+    """Reads and discards what the client still sends of a refused body (up to `n` bytes, `DROP_BYTES` at most,
+    each read waiting `DROP_WAIT_S`): a socket closed with unread data is reset by the kernel, and a client still
+    sending would see that reset instead of the answer it was sent."""
+    self.wfile.flush()
+    self.connection.settimeout(self.DROP_WAIT_S)
+    left = min(n, self.DROP_BYTES)
+    try:
+      while left > 0 and (got := len(self.rfile.read1(min(2**20, left)))):
+        left -= got
+    except OSError:  # the client stopped sending (it read the answer) or stalled
+      pass
 
 
 class RewardServer(http.server.ThreadingHTTPServer):
@@ -273,6 +292,24 @@ def _bind_problem(host: str, port: int, e: OSError) -> str:
   return f"cannot serve on --host={host} --port={port}: {e.strerror or e}"
 
 
+def _positive_int(value: str) -> int:
+  """argparse type of a count or size: a whole number >= 1."""
+  if not value.strip().isdigit() or int(value) < 1:
+    raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 1")
+  return int(value)
+
+
+def _megabytes(value: str) -> float:
+  """argparse type of --max_request_mb: a finite number of MiB, at least one byte."""
+  try:
+    mb = float(value)
+  except ValueError:
+    mb = math.nan
+  if not math.isfinite(mb) or mb * 2**20 < 1:
+    raise argparse.ArgumentTypeError(f"{value!r} is not a finite number of MiB > 0 (e.g. 64)")
+  return mb
+
+
 def _port(value: str) -> int:
   """argparse type of --port: 0 (any free port) .. 65535, else one line naming the value."""
   if not value.isdigit() or int(value) > 65535:
@@ -307,11 +344,13 @@ def main(argv=None) -> int:
   p.add_argument("--scorer", required=True, help="module:function to serve")
   p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
   p.add_argument("--port", type=_port, default=8000, help="port (0: any free port, printed at start)")
-  p.add_argument("--workers", type=int, default=1, help="scorer calls allowed at once")
-  p.add_argument("--max_request_mb", type=float, default=Limits.max_request_bytes / 2**20)
-  p.add_argument("--max_images", type=int, default=Limits.max_images)
-  p.add_argument("--max_side", type=int, default=Limits.max_side)
-  p.add_argument("--max_total_pixels", type=int, default=Limits.max_total_pixels)
+  p.add_argument("--workers", type=_positive_int, default=1, help="scorer calls allowed at once")
+  p.add_argument("--max_request_mb", type=_megabytes, default=Limits.max_request_bytes / 2**20,
+                 help="largest request body, MiB")
+  p.add_argument("--max_images", type=_positive_int, default=Limits.max_images, help="images per request at most")
+  p.add_argument("--max_side", type=_positive_int, default=Limits.max_side, help="an image's largest side, pixels")
+  p.add_argument("--max_total_pixels", type=_positive_int, default=Limits.max_total_pixels,
+                 help="decoded pixels per request at most")
   p.add_argument("--verbose", action="store_true", help="log every request to stderr")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
   try:

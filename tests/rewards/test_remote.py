@@ -270,6 +270,9 @@ def test_server_validates_input(images):
       (json.dumps({"images": [_png(np.zeros((8, 8, 4), np.uint8))], "prompts": ["a"]}).encode(),
        "application/json", 400, "mode 'RGBA'"),
       (b'{"images": [NaN], "prompts": ["a"]}', "application/json", 400, "NaN is not valid JSON"),
+      # A PNG cut after its signature: the answer says so, without the decoder's in-memory file object.
+      (json.dumps({"images": [base64.b64encode(base64.b64decode(ok)[:30]).decode()], "prompts": ["a"]}).encode(),
+       "application/json", 400, "images[0] could not be decoded (not a readable PNG: truncated or corrupt)"),
   ]
   with serving(server_lib.brightness, limits=limits) as server:
     port = server.server_address[1]
@@ -278,8 +281,21 @@ def test_server_validates_input(images):
       assert (got_status, message in error) == (status, True), (message, got_status, error)
     status, error = _post(port, b"", headers={"Content-Length": str(10**9)})  # refused before reading
     assert status == 413 and "max_request_bytes=20000" in error
+    # A client sending a body many times the limit (5 MB here) reads the 413, not a reset connection.
+    status, error = _post(port, b"x" * 5_000_000)
+    assert status == 413 and "request of 5000000 bytes is larger than max_request_bytes=20000" in error
     status, answer = _post(port, json.dumps({"images": [ok], "prompts": ["a"]}).encode())
     assert status == 200 and len(answer["scores"]) == 1
+
+
+def test_no_error_answer_quotes_a_python_objects_repr(images):
+  def scorer(imgs, prompts, metadata):
+    raise RuntimeError(f"cannot score {object()!r}")
+
+  with serving(scorer) as server:
+    with pytest.raises(RemoteRewardError) as e:
+      RemoteRewardClient(server.url, retries=0).score(images[:1], ["a"])
+  assert "RuntimeError: cannot score an object" in str(e.value) and " at 0x" not in str(e.value)
 
 
 def test_scorer_output_checked():
@@ -298,6 +314,16 @@ def test_load_scorer_and_cli_errors(capsys):
   assert "cannot import 'glmrl.rewards.nope'" in capsys.readouterr().err
   assert server_lib.main(["--scorer=glmrl.rewards.server:missing"]) == 2
   assert "no callable 'missing'" in capsys.readouterr().err
+  for flag, value, why in (("--max_request_mb", "inf", "is not a finite number of MiB > 0 (e.g. 64)"),
+                           ("--max_request_mb", "nan", "is not a finite number of MiB > 0 (e.g. 64)"),
+                           ("--max_request_mb", "0", "is not a finite number of MiB > 0 (e.g. 64)"),
+                           ("--max_images", "0", "is not a whole number >= 1"),
+                           ("--workers", "-2", "is not a whole number >= 1"),
+                           ("--max_side", "1.5", "is not a whole number >= 1")):
+    with pytest.raises(SystemExit) as e:
+      server_lib.main(["--scorer=glmrl.rewards.server:brightness", f"{flag}={value}"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"error: argument {flag}: '{value}' {why} (python -m glmrl.rewards.server --help)\n"
   for port in ("99999", "-1", "http"):
     with pytest.raises(SystemExit) as e:
       server_lib.main(["--scorer=glmrl.rewards.server:brightness", f"--port={port}"])

@@ -1,5 +1,6 @@
-"""SIGTERM during training saves a checkpoint of the last finished step and exits with 143; before any step
-has finished, a signal exits at once."""
+"""SIGTERM during training saves a checkpoint of the last finished step and exits with 143 (SIGHUP, a closed
+terminal, likewise with 129); a second signal is answered with one line and the save goes on, a third aborts
+without a traceback, the lock released; before any step has finished, a signal exits at once."""
 
 import json
 import os
@@ -14,7 +15,9 @@ import pytest
 from tests.train.common import ROOT
 
 
-def test_sigterm_saves_and_exits(tmp_path):
+def _training(tmp_path):
+  """main.py on the demo, 1000 steps without a periodic save, once two steps are logged (the run has work to
+  save)."""
   cmd = [sys.executable, os.path.join(ROOT, "main.py"), "--config=configs/demo.py", f"--workdir={tmp_path}",
          "--config.train.num_steps=1000", "--config.checkpoint.save_interval=1000", "--config.log.image_interval=0"]
   proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -25,14 +28,43 @@ def test_sigterm_saves_and_exits(tmp_path):
       break
     time.sleep(0.5)
   assert proc.poll() is None, proc.stderr.read()[-3000:]
+  return proc, metrics
+
+
+@pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_saves_the_step_and_exits_a_second_one_only_says_so(tmp_path, first):
+  proc, metrics = _training(tmp_path)
+  proc.send_signal(first)
+  time.sleep(0.2)  # the first is the run's flag; the second arrives while it finishes the step and saves
   proc.send_signal(signal.SIGTERM)
   _, stderr = proc.communicate(timeout=300)
-  assert proc.returncode == 143, stderr[-3000:]  # 128 + SIGTERM: a scheduler sees a preemption
-  assert "SIGTERM received" in stderr
+  assert proc.returncode == 128 + first.value, stderr[-3000:]  # 143 for SIGTERM: a scheduler sees a preemption
+  assert f"{first.name} received: saving a checkpoint after the current step" in stderr
+  assert stderr.count("SIGTERM received again: already finishing the step to save it; a third signal aborts "
+                      "without saving\n") == 1, stderr[-3000:]
+  assert "Traceback" not in stderr
   last_step = json.loads(metrics.read_text().splitlines()[-1])["step"]
   steps = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
   assert steps and steps[-1] == last_step  # the interrupted run's last step is saved (interval was 1000)
   assert last_step < 1000
+  assert not (tmp_path / "lock.json").exists()
+
+
+def test_a_third_signal_aborts_at_once_without_a_traceback(tmp_path):
+  proc, _ = _training(tmp_path)
+  lines = []
+  reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+  reader.start()
+  for _ in range(3):
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+  proc.wait(timeout=60)
+  reader.join(timeout=10)
+  assert proc.returncode == 130, "".join(lines)[-3000:]
+  assert lines[-1] == "SIGINT received: signal 3 since the step in flight: aborting without saving it; exiting\n", \
+      lines[-3:]
+  assert not any("Traceback" in l or "KeyboardInterrupt" in l for l in lines)
+  assert not (tmp_path / "lock.json").exists()
 
 
 def _start(tmp_path, *flags):
