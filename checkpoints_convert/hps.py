@@ -172,10 +172,10 @@ def check_fits(tensors: dict, cfg: ClipConfig, where: str) -> None:
 
 
 def read_state_dict(path: str) -> dict:
-  """The OpenCLIP state dict of a torch file (HPS' `{"state_dict": ...}` or a bare state dict), memory-mapped."""
+  """The OpenCLIP state dict of a torch file (HPS' `{"state_dict": ...}` or a bare state dict), read tensor by tensor."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"--checkpoint {path} is not a file (HPS v2.1 is HPS_v2.1_compressed.pt)")
-  state = torch_files.load_torch(path, mmap=True)
+  state = torch_files.load_torch(path)
   if isinstance(state.get("state_dict"), dict):
     state = state["state_dict"]
   if not all(hasattr(v, "shape") for v in state.values()):

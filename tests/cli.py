@@ -27,6 +27,13 @@ MAIN = os.path.join(ROOT, "main.py")
 TIMEOUT_S = 1200
 
 
+def without_torch(module: str, *args) -> list[str]:
+  """The command line of `python -m module args` in a process where torch cannot be imported, as where it is not
+  installed (`sys.modules["torch"] = None`: imports fail, transformers' probe finds none)."""
+  return [sys.executable, "-c", "import runpy, sys; sys.modules['torch'] = None; "
+          "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)", module, *args]
+
+
 @dataclasses.dataclass
 class Result:
   returncode: int

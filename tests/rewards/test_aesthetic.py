@@ -5,6 +5,8 @@ against a torch re-implementation of the published MLP (random weights in that l
 
 import glmrl  # noqa: F401
 
+import subprocess
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +20,7 @@ from checkpoints_convert import aesthetic as aesthetic_convert
 from glmrl.models.clip import aesthetic as head_lib
 from glmrl.rewards import RewardComposer
 from glmrl.rewards import aesthetic as aesthetic_lib
+from tests.cli import ROOT, TIMEOUT_S, without_torch
 from tests.models.clip import tiny
 
 
@@ -98,7 +101,11 @@ def test_reward_matches_transformers_pipeline(tmp_path):
   folder, ref = tiny.converted("legacy")
   mlp = published(seed=1, input_size=16, hidden=(24, 12, 8, 4))
   torch.save(mlp.state_dict(), tmp_path / "head.pth")
-  aesthetic_convert.convert_aesthetic_head(str(tmp_path / "head.pth"), str(tmp_path / "head"))
+  # Converted as users without torch convert it (its CLI in a process where torch cannot be imported).
+  done = subprocess.run(without_torch("checkpoints_convert.aesthetic", "--pth", str(tmp_path / "head.pth"),
+                                      "--out_dir", str(tmp_path / "head")), cwd=ROOT, capture_output=True, text=True,
+                        timeout=TIMEOUT_S)
+  assert done.returncode == 0, done.stderr[-3000:]
   composer = RewardComposer([{"name": "laion_aesthetic", "weight": 1.0,
                               "kwargs": {"clip_dir": str(folder), "head_dir": str(tmp_path / "head")}}])
   images = tiny.random_images((3, 45, 32), seed=5)

@@ -114,7 +114,7 @@ def test_bad_checkpoints_and_configs_end_in_one_line(oracle, tmp_path, capsys):
   config = str(out / "model_config.json")
   cases = {
       "missing.pt": (None, "is not a file (HPS v2.1 is HPS_v2.1_compressed.pt)"),
-      "text.pt": ("not a checkpoint", "could not be read as a torch checkpoint"),
+      "text.pt": ("not a checkpoint", "text.pt: not a torch checkpoint: text"),
       "bias.pt": ({"state_dict": {**state, "logit_bias": torch.zeros(1)}}, "'logit_bias' has no CLIPModel counterpart"),
       "wrapped.pt": ({f"module.{k}": v for k, v in state.items()}, "keys start with 'module.'"),
       "short.pt": ({k: v for k, v in state.items() if k != "ln_final.bias"}, "missing 1 (text_model.final_layer_norm.bias)"),
