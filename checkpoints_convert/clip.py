@@ -37,9 +37,9 @@ TORCH_WEIGHTS = "pytorch_model.bin"
 def _torch_source(path: str):
   """(specs, read) of a torch state_dict file, memory-mapped so tensors are read one at a time."""
   state = torch_files.load_torch(path)
-  specs = [st.TensorSpec(k, tuple(v.shape), torch_files.numpy_dtype(v)) for k, v in state.items()
+  specs = [st.TensorSpec(k, tuple(v.shape), v.dtype) for k, v in state.items()
            if k not in LEGACY_BUFFERS]
-  return specs, lambda key: torch_files.to_numpy(state[key])
+  return specs, lambda key: state[key].numpy()
 
 
 def _safetensors_source(reader: st.SafetensorsReader):

@@ -134,16 +134,15 @@ def _in_proj(key: str, shape: tuple[int, ...]):
 
 
 def openclip_to_clipmodel(state: dict) -> dict[str, tuple[tuple[int, ...], object, Callable]]:
-  """{CLIPModel name: (shape, dtype, read())} of an OpenCLIP state dict (torch tensors, read one at a time)."""
+  """{CLIPModel name: (shape, dtype, read())} of an OpenCLIP state dict (`torch_pickle.TorchTensor`s, read one at a time)."""
   out = {}
   for key, tensor in state.items():
     if key in BUFFERS:
       continue
     shape = tuple(tensor.shape)
     parts = _in_proj(key, shape) if _IN_PROJ.match(key) else hf_tensors(key, shape)
-    dtype = torch_files.numpy_dtype(tensor)
     for name, hf_shape, transform in parts:
-      out[name] = (hf_shape, dtype, lambda t=tensor, f=transform: f(torch_files.to_numpy(t)))
+      out[name] = (hf_shape, tensor.dtype, lambda t=tensor, f=transform: f(t.numpy()))
   return out
 
 

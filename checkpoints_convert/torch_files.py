@@ -11,16 +11,6 @@ from glmrl.errors import UserError
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin")
 
 
-def to_numpy(tensor: torch_pickle.TorchTensor) -> np.ndarray:
-  """A tensor's values as numpy, in its own dtype (bfloat16 as ml_dtypes', bit for bit)."""
-  return tensor.numpy()
-
-
-def numpy_dtype(tensor: torch_pickle.TorchTensor) -> np.dtype:
-  """The numpy dtype `to_numpy` gives `tensor`, without reading its values."""
-  return tensor.dtype
-
-
 def load_torch(path: str) -> dict:
   """The dict a torch pickle holds, its tensors read when used, one storage at a time (`torch_pickle`: no torch
   needed)."""
@@ -39,4 +29,4 @@ def read_state_dict(path: str, keep=lambda key: True) -> dict[str, np.ndarray]:
     return {k: reader.read(k).astype(np.float32) for k in reader.keys() if keep(k)}
   if not path.endswith(_TORCH_SUFFIXES):
     raise UserError(f"{path}: expected a .safetensors or torch pickle ({', '.join(_TORCH_SUFFIXES)}) file")
-  return {k: to_numpy(v).astype(np.float32) for k, v in load_torch(path).items() if keep(k)}
+  return {k: v.numpy().astype(np.float32) for k, v in load_torch(path).items() if keep(k)}
