@@ -45,44 +45,61 @@ def export(ckpt_dir: str, hf_out_dir: str, *, step: int | None = None, source_di
   """`_export` into `hf_out_dir` as one step: written into a hidden folder beside it and renamed into place once
   complete, so a failed or interrupted export leaves nothing there (and nothing that blocks a retry). A non-empty
   `hf_out_dir` is refused unless `overwrite` (then replaced whole, once the new folder is complete); a folder
-  inside what is read, or holding it, always. A full disk is one error naming the folder and the space."""
+  inside what is read, or holding it, always; with `overwrite`, a folder inside a training run's workdir (its
+  samples, its logs). A link is followed: the export lands where it points, the link stays. A full disk is one
+  error naming the folder and the space."""
   if not os.path.isdir(ckpt_dir):
     raise UserError(f"--ckpt_dir {ckpt_dir!r} is not a directory")
-  out = os.path.abspath(hf_out_dir)
+  shown = os.path.abspath(hf_out_dir)
+  out = os.path.realpath(hf_out_dir)
+  named = f"--hf_out_dir={hf_out_dir}" + (f" (a link to {out})" if out != shown else "")
   for flag, read in (("--ckpt_dir", ckpt_dir), ("--source_dir", source_dir)):
-    if read and _holds(out, os.path.abspath(read)):
-      raise UserError(f"--hf_out_dir={hf_out_dir} is or holds {flag}={read}, which the export reads: choose "
-                      "another folder")
+    if read and _holds(out, os.path.realpath(read)):
+      raise UserError(f"{named} is or holds {flag}={read}, which the export reads: choose another folder")
   if os.path.exists(out) and not os.path.isdir(out):
-    raise UserError(f"--hf_out_dir={hf_out_dir} is a file")
+    raise UserError(f"{named} is a file")
   entries = sorted(os.listdir(out)) if os.path.isdir(out) else []
   if entries and not overwrite:
-    raise UserError(f"--hf_out_dir={hf_out_dir} is not empty ({len(entries)} entries, e.g. {entries[0]!r}): choose "
+    raise UserError(f"{named} is not empty ({len(entries)} entries, e.g. {entries[0]!r}): choose "
                     "a new or empty folder, or pass --overwrite to replace it")
+  workdir = run_export.training_workdir(ckpt_dir)
+  if entries and workdir and _holds(os.path.realpath(workdir), out):
+    raise UserError(f"{named} is inside the training run's workdir {workdir}: --overwrite would replace what the "
+                    "run wrote; export into a new folder")
   parent = os.path.dirname(out)
   os.makedirs(parent, exist_ok=True)
   free = shutil.disk_usage(parent).free
   partial = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=parent)
   try:
     result = _export(ckpt_dir, partial, step=step, source_dir=source_dir, max_shard_size=max_shard_size,
-                     merge_lora=merge_lora, use_ema=use_ema, log=lambda line: log(line.replace(partial, out)))
-    if os.path.isdir(out):
-      replaced = f"{partial}.replaced"
-      os.rename(out, replaced)
-      os.rename(partial, out)
-      shutil.rmtree(replaced)
-    else:
-      os.rename(partial, out)
+                     merge_lora=merge_lora, use_ema=use_ema, log=lambda line: log(line.replace(partial, shown)))
+    _move_into_place(partial, out)
   except OSError as e:
     if e.errno != errno.ENOSPC:
       raise
     written = _size(partial)
-    raise UserError(f"--hf_out_dir={hf_out_dir}: its disk filled after {written / 2**20:.1f} MiB of the export "
+    raise UserError(f"{named}: its disk filled after {written / 2**20:.1f} MiB of the export "
                     f"({free / 2**20:.1f} MiB were free; it needs more): free space there or choose another folder "
                     "(nothing was left behind)") from None
   finally:
     shutil.rmtree(partial, ignore_errors=True)
-  return _renamed(result, partial, out)
+  return _renamed(result, partial, shown)
+
+
+def _move_into_place(partial: str, out: str) -> None:
+  """Renames the complete `partial` to `out`, an older `out` set aside first and removed after; should the second
+  rename fail the older folder is put back, so `out` is always either the old export or the new one."""
+  if not os.path.isdir(out):
+    os.rename(partial, out)
+    return
+  replaced = f"{partial}.replaced"
+  os.rename(out, replaced)
+  try:
+    os.rename(partial, out)
+  except BaseException:
+    os.rename(replaced, out)
+    raise
+  shutil.rmtree(replaced, ignore_errors=True)
 
 
 def _holds(folder: str, path: str) -> bool:

@@ -54,6 +54,15 @@ def find_training_checkpoint(ckpt_dir: str, step: int | None = None) -> tuple[st
   return os.path.join(root, str(step), PARAMS_DIR), config, step
 
 
+def training_workdir(ckpt_dir: str) -> str | None:
+  """The workdir of the training run `ckpt_dir` is (or whose checkpoints/ it is), or None for a converted folder:
+  the folder holding the run's checkpoints/ (where its samples, logs and records are)."""
+  for root in (os.path.join(ckpt_dir, "checkpoints"), ckpt_dir):
+    if os.path.isfile(os.path.join(root, TRAINING_CONFIG)):
+      return os.path.dirname(os.path.abspath(root))
+  return None
+
+
 def training_source(run_dir: str, source_dir: str | None) -> tuple[str | None, str | None]:
   """(converted folder to take the other components from, None) or (None, why there is none).
 

@@ -217,3 +217,21 @@ def test_a_failed_export_leaves_nothing_and_a_full_disk_names_the_folder(tmp_pat
   result = flax_to_hf.export(str(converted), str(tmp_path / "elsewhere" / "export"), log=logs.append)
   assert (tmp_path / "elsewhere" / "export" / "vae" / VAE_WEIGHTS).is_file()
   assert all(".partial-" not in line for line in logs) and all(".partial-" not in str(v) for v in result.values())
+
+
+def test_a_replacement_that_fails_midway_puts_the_older_export_back(tmp_path, vae, monkeypatch):
+  """--overwrite sets the older folder aside, renames the new one in, then removes the older: should the second
+  rename fail, the older export is back where it was and nothing else is left."""
+  converted = vae[0] / "flax"
+  out = tmp_path / "export"
+  out.mkdir()
+  (out / "older.txt").write_text("the older export\n")
+  real = os.rename
+  def failing(src, dst):
+    if ".partial-" in str(src) and not str(src).endswith(".replaced"):
+      raise OSError("the rename failed")
+    real(src, dst)
+  monkeypatch.setattr(flax_to_hf.os, "rename", failing)
+  with pytest.raises(OSError, match="the rename failed"):
+    flax_to_hf.export(str(converted), str(out), overwrite=True, log=lambda s: None)
+  assert sorted(os.listdir(tmp_path)) == ["export"] and os.listdir(out) == ["older.txt"]

@@ -1,6 +1,9 @@
 """--to_hf from a training run: CheckpointManager steps with a `params` item + ar_config.json."""
 
+import os
 import shutil
+import subprocess
+import sys
 
 import glmrl  # noqa: F401
 import jax
@@ -16,6 +19,7 @@ from checkpoints_convert.components import load_component
 from glmrl.checkpoint import params as params_lib
 from checkpoints_convert.__main__ import main
 from tests.checkpoints_convert import tiny_folders
+from tests.cli import ROOT, TIMEOUT_S
 
 AR = "vision_language_encoder"
 
@@ -100,3 +104,50 @@ def test_source_dir_must_be_a_converted_folder(run, tmp_path, capsys):
                f"--source_dir={tmp_path}"]) == 2
   err = capsys.readouterr().err
   assert f"source checkpoint '{tmp_path}' (--source_dir) is not a converted GLM-Image folder" in err
+
+
+def test_an_export_follows_a_link_and_never_replaces_what_the_run_wrote(run, tmp_path, capsys):
+  """A link as --hf_out_dir: the export lands where it points and the link stays (run as users do, in its own
+  process); a link to the run itself is refused as the run is, and --overwrite of a folder inside the run's workdir
+  (its samples) is refused in one line with the folder untouched. A new folder inside the run is written."""
+  root, model = run
+  workdir = root / "workdir"
+  older = tmp_path / "older_export"
+  older.mkdir()
+  (older / "stale.txt").write_text("an older export\n")
+  link = tmp_path / "latest"
+  link.symlink_to(older, target_is_directory=True)
+  done = subprocess.run([sys.executable, "-m", "checkpoints_convert", "--to_hf", f"--ckpt_dir={workdir}",
+                         f"--hf_out_dir={link}", "--overwrite"], capture_output=True, text=True, cwd=ROOT,
+                        timeout=TIMEOUT_S)
+  assert done.returncode == 0, done.stderr
+  assert link.is_symlink() and os.readlink(link) == str(older)
+  assert not (older / "stale.txt").exists()
+  for key, value in model.state_dict().items():
+    assert torch.equal(_exported_state(link)[key], 2 * value), key
+  assert sorted(os.listdir(tmp_path)) == ["latest", "older_export"]  # no partial or replaced folder beside it
+
+  to_run = tmp_path / "run_link"
+  to_run.symlink_to(workdir, target_is_directory=True)
+  samples = workdir / "samples"
+  samples.mkdir()
+  (samples / "step_1.png").write_bytes(b"grid")
+  try:
+    for out, line in (
+        (to_run, f"--hf_out_dir={to_run} (a link to {workdir}) is or holds --ckpt_dir={workdir}, which the export "
+                 "reads: choose another folder"),
+        (samples, f"--hf_out_dir={samples} is inside the training run's workdir {workdir}: --overwrite would "
+                  "replace what the run wrote; export into a new folder"),
+        (to_run / "samples", f"--hf_out_dir={to_run / 'samples'} (a link to {samples}) is inside the training "
+                             f"run's workdir {workdir}: --overwrite would replace what the run wrote; export into "
+                             "a new folder")):
+      capsys.readouterr()
+      assert main(["--to_hf", f"--ckpt_dir={workdir}", f"--hf_out_dir={out}", "--overwrite"]) == 2
+      assert capsys.readouterr().err == f"error: {line}\n"
+    assert os.listdir(samples) == ["step_1.png"]
+    assert sorted(os.listdir(workdir)) == ["checkpoints", "samples"]
+    assert main(["--to_hf", f"--ckpt_dir={workdir}", f"--hf_out_dir={workdir / 'hf'}"]) == 0
+    assert (workdir / "hf" / AR / "config.json").is_file()
+  finally:
+    shutil.rmtree(samples)
+    shutil.rmtree(workdir / "hf", ignore_errors=True)
