@@ -184,6 +184,12 @@ def test_a_setting_that_nothing_reads_is_refused_in_one_line(flags, message, tmp
     (("--config.decoder.adv_std=none",), "config.decoder.adv_std='none': must be one of ['group', 'batch']"),
     (("--use_ema", "--mode=generate"), "--use_ema=True: the run keeps no moving average"),
     (("--config=configs/demo_decoder.py:nft", "--use_ema"), "--use_ema=True: --mode=train takes no --use_ema"),
+    # Only the prompts taken are checked, and the line says which value fits them.
+    (("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=ocr:2", "--config.eval.steps=0",
+      "--config.data.max_prompt_tokens=45"),
+     "ocr.jsonl:995: its quoted texts take 20 glyph tokens, more than config.data.max_glyph_tokens=16 (found 'Danger "
+     "High Voltage'; GLM-Image draws every span in '', “”, \"\" or 「」, apostrophes included); 1 of 2 prompts exceed "
+     "it; --config.data.max_glyph_tokens=20 fits them all"),
     (("--config=configs/demo.py", "--mode=eval", "--config.eval.benchmark=geneval:4", "--config.eval.steps=0",
       "--config.rewards=({'name': 'geneval', 'weight': 1.0, 'kwargs': {'url': 'http://127.0.0.1:1/score'}},)"),
      "reward server http://127.0.0.1:1/score (start-up check): failed after 4 attempt(s); last error: connection failed"),

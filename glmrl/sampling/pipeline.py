@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -148,20 +149,33 @@ def check_source_images(source_images, num_prompts: int, height: int, width: int
   return out
 
 
-def check_glyph_fits(prompt: str, tokenizer, max_tokens: int, max_texts: int, where: str) -> None:
-  """UserError naming `where` when the prompt's quoted texts exceed the run's fixed glyph sizes."""
+def _glyph_sizes(prompt: str, tokenizer) -> tuple[int, int]:
+  """(quoted texts, glyph tokens) of one prompt, as the pipeline tokenizes it."""
   glyph = tokenize_glyph_texts([prompt], tokenizer)
-  n_texts, n_tokens = int(glyph.text_counts[0]), int(glyph.lengths[0])
-  # GLM-Image's pipeline (diffusers' get_glyph_texts) draws every '...', “...”, "..." and 「...」 span, so
-  # two apostrophes make one: the message shows what was found.
-  found = ", ".join(repr(t if len(t) <= 40 else t[:37] + "...") for t in extract_glyph_texts(prompt)[:4])
-  why = (f" (found {found}{', ...' if n_texts > 4 else ''}; GLM-Image draws every span in '', “”, \"\" or 「」, "
-         "apostrophes included)")
-  if n_texts > max_texts:
-    raise UserError(f"{where}: {n_texts} quoted texts, more than config.data.max_glyph_texts={max_texts}{why}")
-  if n_tokens > max_tokens:
-    raise UserError(f"{where}: its quoted texts take {n_tokens} glyph tokens, more than "
-                    f"config.data.max_glyph_tokens={max_tokens}{why}")
+  return int(glyph.text_counts[0]), int(glyph.lengths[0])
+
+
+def check_glyph_fits(prompts: Sequence[tuple[str, str]], tokenizer, max_tokens: int, max_texts: int) -> None:
+  """UserError naming the first of the (prompt, where) pairs whose quoted texts exceed the run's fixed glyph sizes,
+  with how many do and the value of the setting that fits them all."""
+  sizes = [_glyph_sizes(prompt, tokenizer) for prompt, _ in prompts]
+  for index, (limit, key) in enumerate(((max_texts, "max_glyph_texts"), (max_tokens, "max_glyph_tokens"))):
+    over = [i for i, size in enumerate(sizes) if size[index] > limit]
+    if not over:
+      continue
+    prompt, where = prompts[over[0]]
+    n = sizes[over[0]][index]
+    # GLM-Image's pipeline (diffusers' get_glyph_texts) draws every '...', “...”, "..." and 「...」 span, so
+    # two apostrophes make one: the message shows what was found.
+    texts = extract_glyph_texts(prompt)
+    found = ", ".join(repr(t if len(t) <= 40 else t[:37] + "...") for t in texts[:4])
+    why = (f" (found {found}{', ...' if len(texts) > 4 else ''}; GLM-Image draws every span in '', “”, \"\" or "
+           "「」, apostrophes included)")
+    what = f"{n} quoted texts, more than" if index == 0 else f"its quoted texts take {n} glyph tokens, more than"
+    fits = max(sizes[i][index] for i in over)
+    count = f"{len(over)} of {len(prompts)} prompts exceed it; " if len(prompts) > 1 else ""
+    raise UserError(f"{where}: {what} config.data.{key}={limit}{why}; {count}--config.data.{key}={fits} fits "
+                    f"{'them all' if count else 'it'}")
 
 
 def _fits(chunk: int, batch: int, group_size: int) -> bool:
@@ -269,9 +283,8 @@ class GlmImagePipeline:
       return tokenize_glyph_texts(prompts, self.glyph_tokenizer, pad_texts_to=len(prompts) * self.spec.glyph_texts,
                                   pad_length_to=self.spec.glyph_pad, pad_seq_to=self.spec.glyph_pad)
     except ValueError:
-      for i, prompt in enumerate(prompts):  # name the prompt that does not fit
-        check_glyph_fits(prompt, self.glyph_tokenizer, self.spec.glyph_pad, self.spec.glyph_texts,
-                         where=f"prompt {i}")
+      check_glyph_fits([(prompt, f"prompt {i}") for i, prompt in enumerate(prompts)], self.glyph_tokenizer,
+                       self.spec.glyph_pad, self.spec.glyph_texts)  # names the prompt that does not fit
       raise
 
   # ---------------------------------------------------------------- device side

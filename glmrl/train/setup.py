@@ -240,9 +240,8 @@ def _checked_inputs(plan, mesh, records, eval_records, resume_data):
   processor, glyph_tokenizer = processors(config, configs, [r.prompt for r in records + eval_records])
   for path, recs in ((config.data.prompts_file, records), (eval_source(config), eval_records)):
     check_prompt_lengths(processor, recs, path, config)
-    for r in recs:
-      check_glyph_fits(r.prompt, glyph_tokenizer, config.data.max_glyph_tokens, config.data.max_glyph_texts,
-                       where=f"{path}:{r.line}")
+    check_glyph_fits([(r.prompt, f"{path}:{r.line}") for r in recs], glyph_tokenizer, config.data.max_glyph_tokens,
+                     config.data.max_glyph_texts)
   if config.data.prompts_per_step > len(records):
     logging.warning("config.data.prompts_per_step=%d but %s holds %d prompts: every step repeats prompts",
                     config.data.prompts_per_step, config.data.prompts_file, len(records))

@@ -263,6 +263,22 @@ def test_glyph_text_beyond_the_fixed_size_is_an_error(bare, prompt, match):
     pipe.prepare([prompt])
 
 
+def test_a_glyph_refusal_names_the_value_that_fits_every_prompt():
+  """Of several prompts, the first that does not fit is named with how many do not, and the value given fits them
+  all: the check passes at it and fails one below."""
+  from glmrl.sampling.pipeline import check_glyph_fits
+  prompts = [("a sign 'hi'", "p.txt:1"), ("a sign 'hello there, how are you'", "p.txt:2"),
+             ("a poster 'hello there'", "p.txt:3"), ("no text", "p.txt:4")]
+  with pytest.raises(ValueError) as e:
+    check_glyph_fits(prompts, ByT5Tokenizer(), 8, 4)
+  message = str(e.value)
+  assert message.startswith("p.txt:2: its quoted texts take ") and "; 2 of 4 prompts exceed it; " in message
+  fits = int(message.rsplit("--config.data.max_glyph_tokens=", 1)[1].split()[0])
+  check_glyph_fits(prompts, ByT5Tokenizer(), fits, 4)
+  with pytest.raises(ValueError, match=f"--config.data.max_glyph_tokens={fits} fits them all"):
+    check_glyph_fits(prompts, ByT5Tokenizer(), fits - 1, 4)
+
+
 @pytest.mark.parametrize("chunk", [1, GROUP])
 def test_decode_in_chunks_equals_the_whole_batch(setup, chunk):
   """Image-to-image (so each chunk must read its prompts' condition-image slots): chunks of one sample and
