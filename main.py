@@ -7,7 +7,8 @@ Every config key is listed and commented in configs/common.py. Modes write into 
   train     checkpoints/<step>/, metrics.jsonl, TensorBoard events, samples/, config.json and config.py (the
             resolved config; --config=<workdir>/config.py reruns it); resumes from the latest step; lock.json
             while it runs (one training run per workdir)
-  generate  generate/: one PNG per sample, grid.png, tokens.npz (latest checkpoint, else the initial model)
+  generate  generate/: one PNG per sample, grid.png, tokens.npz (latest checkpoint, else the initial model); a
+            later generate writes generate_2/, generate_3/, ... beside it
   eval      eval/report.json, report.md and index.html (the page of each prompt's samples, eval/images/): the
             rewards of config.eval.benchmark (a shipped set, NAME[:N]) or config.eval.prompts_file at the
             checkpoints of config.eval.steps (e.g. "0,100"; default the latest), with paired bootstrap intervals

@@ -59,6 +59,25 @@ def read_source(directory: str) -> str | None:
   return value
 
 
+def checkpoint_bytes(items: dict) -> float:
+  """This process's bytes of one checkpoint of `items` (arrays or their abstract shapes): its share of their bytes,
+  and 5% for metadata."""
+  total = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(items))
+  return total / jax.process_count() * 1.05
+
+
+def check_space(folder: str, items: dict) -> None:
+  """CheckpointSaveError when the disk of `folder` cannot hold one more checkpoint of `items` (before any model is
+  built, from their abstract shapes)."""
+  existing = os.path.abspath(folder)
+  while not os.path.isdir(existing):  # the disk it will be made on
+    existing = os.path.dirname(existing)
+  need, free = checkpoint_bytes(items), shutil.disk_usage(existing).free
+  if free < need:
+    raise CheckpointSaveError(f"{folder}: {free / 2**20:.1f} MiB free, a checkpoint takes about "
+                              f"{need / 2**20:.1f} MiB: free space or choose another --workdir")
+
+
 class TrainCheckpointer:
   """CheckpointManager with async saves every `save_interval` steps, keeping the last `max_to_keep`.
 
@@ -92,18 +111,10 @@ class TrainCheckpointer:
             save_interval_steps=save_interval, max_to_keep=max_to_keep, enable_async_checkpointing=True),
         item_names=(*items, "rng", "meta"))
     ORPHANED_READS.watch_saves(self.directory)
+    self._bytes = 0.0  # of the last checkpoint saved, for a full disk's line
     for file, (record, _) in (adapters or {}).items():
       if record is not None:
         write_json_atomic(os.path.join(self.directory, file), record)
-
-  def check_space(self, items: dict) -> None:
-    """CheckpointSaveError, before any step runs, when the folder cannot hold one more checkpoint of `items`
-    (this process's share of their bytes, and 5% for metadata)."""
-    need = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(items)) / jax.process_count() * 1.05
-    free = shutil.disk_usage(self.directory).free
-    if free < need:
-      raise CheckpointSaveError(f"{self.directory}: {free / 2**20:.1f} MiB free, a checkpoint takes about "
-                                f"{need / 2**20:.1f} MiB: free space or choose another --workdir")
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -116,6 +127,7 @@ class TrainCheckpointer:
         # The key is the same on every process: stored as host data (written once), not a device array.
         rng=ocp.args.StandardSave({"key_data": np.asarray(jax.random.key_data(rng_key))}),
         meta=ocp.args.JsonSave(meta))
+    self._bytes = checkpoint_bytes(items)
     with self._surfaced():
       self.manager.check_for_errors()
       return self.manager.save(step, args=args, force=force)
@@ -123,18 +135,21 @@ class TrainCheckpointer:
   @contextlib.contextmanager
   def _surfaced(self):
     """A failed save (here or in an earlier step's background write) as one CheckpointSaveError, its partial
-    folder removed: the steps saved before stay as they were."""
+    folder removed: the steps saved before stay as they were. A full disk is a short line: the folder, the bytes
+    a checkpoint takes and those free (Orbax's own error quotes its internal paths)."""
     try:
       yield
     except Exception as e:  # pylint: disable=broad-except  # whatever the write failed with
       partial = self._remove_partial()
-      why = describe_failure(self.directory, e)
+      intact = f"steps {saved_steps(os.path.dirname(self.directory)) or 'none'} are intact"
       if "No space left on device" in str(e):
-        why = f"no space left on device ({why[:160]}...)"
+        free = shutil.disk_usage(self.directory).free / 2**20
+        size = f", {self._bytes / 2**20:.1f} MiB needed" if self._bytes else ""
+        raise CheckpointSaveError(f"saving a checkpoint into {self.directory}: disk full ({free:.1f} MiB free{size}); "
+                                  f"{intact}: free space and rerun to resume") from None
       raise CheckpointSaveError(
-          f"saving a checkpoint into {self.directory} failed: {why}; the run "
-          f"stopped, steps {saved_steps(os.path.dirname(self.directory)) or 'none'} are intact"
-          f"{' (removed the partial ' + ', '.join(partial) + ')' if partial else ''}; free space or fix the "
+          f"saving a checkpoint into {self.directory} failed: {describe_failure(self.directory, e)}; the run "
+          f"stopped, {intact}{' (removed the partial ' + ', '.join(partial) + ')' if partial else ''}; fix the "
           "folder, then rerun to resume") from None
 
   def _remove_partial(self, quiet_s: float = 1.0, limit_s: float = 30.0) -> list[str]:

@@ -41,6 +41,31 @@ def _run_id(directory: str, job: str) -> str | None:
   return run_id
 
 
+def _mode(mode: str) -> str:
+  """The config's mode, else $WANDB_MODE, else online."""
+  return mode or os.environ.get("WANDB_MODE") or "online"
+
+
+def _not_started(mode: str, error: Exception) -> UserError:
+  return UserError(f"log.wandb: W&B did not start a run in mode {mode!r} ({type(error).__name__}: {error}); "
+                   "--config.log.wandb_mode=offline (or WANDB_MODE=offline) logs without an account or network")
+
+
+def check_login(mode: str) -> None:
+  """UserError, before any model is built, when an online run (`mode`, resolved as `WandbRun` does) has no W&B
+  account to log in with: no API key, or one its server refuses or cannot be reached to check. Offline and
+  disabled runs need none."""
+  mode = _mode(mode)
+  if mode != "online":
+    return
+  import wandb  # optional (requirements-wandb.txt); the config check names it before anything is built
+
+  try:
+    wandb.login(verify=True)
+  except Exception as e:  # noqa: BLE001  (no key, a refused key, no network: one line)
+    raise _not_started(mode, e) from None
+
+
 class WandbRun:
   """`add_scalars`, `add_image` and `close` into one W&B run, as `MetricsWriter` writes them to TensorBoard."""
 
@@ -55,16 +80,14 @@ class WandbRun:
     env = os.environ
     project = project or env.get("WANDB_PROJECT") or DEFAULT_PROJECT
     name = name or env.get("WANDB_NAME") or os.path.basename(os.path.abspath(workdir))
-    mode = mode or env.get("WANDB_MODE") or "online"
+    mode = _mode(mode)
     try:
       self._run = wandb.init(project=project, name=name, mode=mode, dir=env.get("WANDB_DIR") or workdir,
                              id=_run_id(directory, job),
                              resume="allow" if job == "train" else None, job_type=job, config=dict(config or {}))
       self._first_new_step = self._run.step  # 0 for a new run; past the last logged step for a resumed one
     except Exception as e:  # noqa: BLE001  (no account, no network, a bad project name: one line)
-      raise UserError(f"log.wandb: W&B did not start a run in mode {mode!r} ({type(e).__name__}: {e}); "
-                      f"--config.log.wandb_mode=offline (or WANDB_MODE=offline) logs without an account or "
-                      "network") from e
+      raise _not_started(mode, e) from e
 
   def _log(self, values: dict, step: int) -> None:
     if step >= self._first_new_step:  # W&B would drop an earlier step with a warning per call

@@ -64,6 +64,16 @@ class PolicyState:
     trainable = self.trainable if trainable is None else trainable
     return trainable if self.lora.enabled else nnx.merge_state(trainable, self.frozen)
 
+  def checkpoint_items(self) -> dict:
+    """The policy's items of a training checkpoint by name (`policy.saved`): its params (`checkpoint_params`),
+    optimizer state and, where kept, moving average (in the params item's layout: eval, generate and export read
+    it alike). Abstract for an abstract state."""
+    saved = self.policy.saved
+    items = {saved.params: self.checkpoint_params(), saved.opt_state: self.opt_state}
+    if self.ema is not None:
+      items[saved.ema] = self.checkpoint_params(self.ema)
+    return items
+
   def trainable_of(self, saved) -> nnx.State:
     """The trained state in a checkpoint's params (`checkpoint_params`' output)."""
     if self.lora.enabled:

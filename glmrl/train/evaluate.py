@@ -172,7 +172,7 @@ def evaluate(config, workdir: str, use_ema: bool = False) -> dict:
   prompts, logged at its step (0 for the initial model); with config.eval.steps, those checkpoints compared
   (`compare`). Read-only on the checkpoints. `use_ema`: see `restored_params`."""
   steps = check_steps(config, workdir)
-  run = setup_lib.build(config)
+  run = setup_lib.build(config, logs=True)
   if steps:
     return compare(run, workdir, steps, use_ema)
   params, step = restored_params(run, workdir, use_ema)

@@ -3,7 +3,8 @@
 Models, processors and prompts are built as for training (`glmrl.train.setup.build`); the AR
 parameters come from the newest step in `<workdir>/checkpoints` when there is one. Every prompt
 of `config.eval.prompts_file` (else `config.data.prompts_file`) gets `config.grpo.group_size`
-samples, drawn as `--mode=eval` draws them (`glmrl.train.sample.sample_batches`). Written to `<workdir>/generate/`:
+samples, drawn as `--mode=eval` draws them (`glmrl.train.sample.sample_batches`). Written to `<workdir>/generate/`
+(where an earlier generate's samples are, `generate_2/`, `generate_3/`, ...):
 
 - `<prompt index>_<sample>.png`, one per sample (prompt index: line order in the prompt file);
 - `grid.png`: one row per prompt, each tile captioned with its prompt;
@@ -66,6 +67,16 @@ def write_outputs(out_dir: str, samples: dict, prompts, group_size: int, step: i
   return {"pngs": pngs, "grid": grid_path, "tokens": tokens_path}
 
 
+def output_folder(workdir: str) -> str:
+  """`<workdir>/generate`, or where an earlier generate's samples are there the first free `generate_<k>` (k = 2,
+  3, ...): a generate never replaces another's."""
+  folder, k = os.path.join(workdir, "generate"), 1
+  while os.path.isdir(folder) and os.listdir(folder):
+    k += 1
+    folder = os.path.join(workdir, f"generate_{k}")
+  return folder
+
+
 def generate(config, workdir: str, use_ema: bool = False) -> dict:
   """Samples every prompt and writes the results to `<workdir>/generate`; returns the written paths
   and the restored checkpoint step (None when there was no checkpoint). `use_ema`: see `restored_params`."""
@@ -75,7 +86,6 @@ def generate(config, workdir: str, use_ema: bool = False) -> dict:
   samples = sample_records(run, records, params)
   if not distributed.is_main():  # every process sampled its shards; process 0 writes
     return {"step": step}
-  paths = write_outputs(os.path.join(workdir, "generate"), samples, [r.prompt for r in records], run.group_size,
-                        step)
+  paths = write_outputs(output_folder(workdir), samples, [r.prompt for r in records], run.group_size, step)
   logging.info("wrote %d images, %s and %s", len(paths["pngs"]), paths["grid"], paths["tokens"])
   return {**paths, "step": step}

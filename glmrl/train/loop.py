@@ -25,6 +25,7 @@ from glmrl.train import evaluate as evaluate_lib
 from glmrl.train import resolved_config
 from glmrl.train import rollout as rollout_lib
 from glmrl.train import setup as setup_lib
+from glmrl.train import workdir as workdir_lib
 from glmrl.train.watchdog import Watchdog
 
 
@@ -40,7 +41,8 @@ class Trainer:
     self.config, self.workdir = config, workdir
     directory, saved = os.path.join(workdir, "checkpoints"), saved_steps(workdir)
     resume = read_meta(directory, saved[-1]) if saved and not step_problem(directory, saved[-1]) else None
-    self.run = setup_lib.build(config, train=True, resume_data=resume and resume.get("data"))
+    self.run = setup_lib.build(config, train=True, workdir=workdir, logs=True,
+                               resume_data=resume and resume.get("data"))
     self.states = self.run.states
     self.root_key = jax.random.key(config.seed)
     self.step_index = 0
@@ -63,19 +65,11 @@ class Trainer:
     self.hacking = monitors.HackingWatch(prefixes, config.eval.hacking_patience)
     self._compiled = {}
     self._restore()
-    agreement.checked(lambda: self.checkpointer.check_space(self._saved_items()))  # each process's own disk
 
   # ------------------------------------------------------------- checkpoints
   def _saved_items(self) -> dict:
     """Each policy's checkpoint items: its params (`PolicyState.checkpoint_params`) and optimizer state."""
-    items = {}
-    for state in self.states.values():
-      saved = state.policy.saved
-      items[saved.params] = state.checkpoint_params()
-      items[saved.opt_state] = state.opt_state
-      if state.ema is not None:  # in the params item's layout: eval, generate and export read it alike
-        items[saved.ema] = state.checkpoint_params(state.ema)
-    return items
+    return {name: item for state in self.states.values() for name, item in state.checkpoint_items().items()}
 
   def _restore(self):
     abstract = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), t)
@@ -225,18 +219,21 @@ def train(config, workdir: str) -> dict:
     logging.info("already complete: %s holds step %d of %d; raise --config.train.num_steps to train further",
                  os.path.join(workdir, "checkpoints"), saved[-1], num_steps)
     return {"step": saved[-1], "last": {}, "stopped_by": None}
+  as_found = workdir_lib.AsFound(workdir, created)
   lock = WorkdirLock(workdir)
   try:
-    # Until the first step has finished nothing is unsaved: a signal exits at once, also mid-compile.
-    with StopSignal(cleanup=[lock.release], what="nothing new to save (no step finished yet)") as stop, lock:
-      return _train(config, workdir, stop)
+    # Until the first step has finished nothing is unsaved: a signal exits at once, also mid-compile, and leaves the
+    # workdir as it was.
+    with StopSignal(cleanup=[lock.release, as_found.restore],
+                    what="nothing new to save (no step finished yet)") as stop, lock:
+      as_found.start()
+      return _train(config, workdir, stop, as_found)
   except UserError:
-    if created and os.path.isdir(workdir) and not os.listdir(workdir):
-      os.rmdir(workdir)  # bad input leaves no trace
+    as_found.restore()  # bad input leaves no trace
     raise
 
 
-def _train(config, workdir: str, stop: StopSignal) -> dict:
+def _train(config, workdir: str, stop: StopSignal, as_found) -> dict:
   num_steps = config.train.num_steps
   trainer = Trainer(config, workdir)
   # The resolved config (defaults, file and flags), written once the inputs have passed every check.
@@ -252,6 +249,7 @@ def _train(config, workdir: str, stop: StopSignal) -> dict:
     while trainer.step_index < num_steps:
       last = trainer.step()
       stop.work_in_progress()  # a finished step: a signal now saves it before exiting
+      as_found.keep()
       console(progress.line(trainer.step_index, last),
               progress.alive(jax.process_index(), trainer.step_index, last))
       # Every process stops after the same step: the one whose signal any of them had by now.

@@ -17,7 +17,9 @@ from glmrl import sharding as sharding_lib
 from glmrl.programs import abstract, auto
 from glmrl.programs import plan as plan_lib
 from glmrl.data import PromptIterator, benchmarks, load_prompts
+from glmrl.checkpoint.manager import check_space
 from glmrl.errors import UserError
+from glmrl.logging import wandb_run
 from glmrl.models import glm_image
 from glmrl.models.ar import tokenizer as word_tokenizer
 from glmrl.models.ar.prompt import PromptProcessor
@@ -183,16 +185,19 @@ def check_prompt_lengths(processor, records, path, config) -> None:
                     f"needs --config.data.max_prompt_tokens={max(n for n, _ in too_long)})")
 
 
-def build(config, *, train: bool = False, resume_data: dict | None = None) -> Run:
+def build(config, *, train: bool = False, workdir: str | None = None, logs: bool = False,
+          resume_data: dict | None = None) -> Run:
   """Checks inputs, then builds the mesh, data, rewards, models, pipeline and the trained policies' states
-  (`train`: with their optimizers and references; `resume_data`: the prompt iterator's state in the checkpoint the
-  run resumes from, checked against the prompts first)."""
-  # Each part checks this process's view (its prompt files, the reward servers it reaches); every process refuses
-  # together (glmrl.runtime.agreement) before any model is built. The memory the plan fits is exchanged before.
+  (`train`: with their optimizers and references, the disk of `workdir` checked to hold one checkpoint of them;
+  `logs`: the run logs, so W&B's login is checked where config.log.wandb asks for it; `resume_data`: the prompt
+  iterator's state in the checkpoint the run resumes from, checked against the prompts first)."""
+  # Each part checks this process's view (its prompt files, the reward servers it reaches, its disk); every process
+  # refuses together (glmrl.runtime.agreement) before any model is built. The memory the plan fits is exchanged
+  # before.
   hbm_bytes = device_memory_bytes()
   plan, mesh, records, eval_records = agreement.checked(lambda: _checked_plan(config, hbm_bytes, train))
   composers, composer, processor, glyph_tokenizer, iterator = agreement.checked(
-      lambda: _checked_inputs(plan, mesh, records, eval_records, resume_data))
+      lambda: _checked_inputs(plan, mesh, records, eval_records, resume_data, train and workdir, logs))
   config, policies, configs = plan.config, plan.policies, plan.configs
   logging.info("mesh %s on %d devices", dict(mesh.shape), jax.device_count())
   source = config.model.checkpoint_dir or f"a random {config.model.preset!r} preset"
@@ -224,10 +229,13 @@ def _checked_plan(config, hbm_bytes: int, train: bool):
   return (plan, mesh, *load_records(plan, train))
 
 
-def _checked_inputs(plan, mesh, records, eval_records, resume_data):
-  """(each policy's reward composer, evaluation's, processor, glyph tokenizer, prompt iterator): the rewards built
-  (servers probed), every prompt checked against the tokenizers, the checkpoint's prompt order against the file."""
+def _checked_inputs(plan, mesh, records, eval_records, resume_data, checkpoints_in: str | None, logs: bool):
+  """(each policy's reward composer, evaluation's, processor, glyph tokenizer, prompt iterator): W&B's login where
+  the run `logs` to it, the rewards built (servers probed), every prompt checked against the tokenizers, the
+  checkpoint's prompt order against the file, the disk of `checkpoints_in` against one checkpoint."""
   config, policies, request = plan.config, plan.policies, plan.request
+  if logs and config.log.wandb and distributed.is_main():  # process 0 logs
+    wandb_run.check_login(config.log.wandb_mode)
   composers = {}
   for name, policy in policies.items():
     entries, group = policy.rewards(request)
@@ -254,10 +262,14 @@ def _checked_inputs(plan, mesh, records, eval_records, resume_data):
       raise UserError(f"{config.data.prompts_file}: the checkpoint to resume was saved with other prompts or "
                       f"another config.seed ({e}); resume with the ones it trained on, or train in a new --workdir"
                       ) from None
-  # What the models' shapes decide (which layers the LoRA targets match) is checked on abstract models, by the
-  # run's own builder, before any weight is made or read.
+  # What the models' shapes decide (which layers the LoRA targets match, a checkpoint's bytes) is checked on
+  # abstract models, by the run's own builder, before any weight is made or read.
+  items = {}
   for policy in policies.values():
-    if policy.settings.lora.enabled:
-      abstract = glm_image.abstract_model(policy.component, getattr(configs, policy.component))
-      build_state(policy, config, abstract, mesh, abstract=True, train=False)
+    if policy.settings.lora.enabled or checkpoints_in:
+      model = glm_image.abstract_model(policy.component, getattr(configs, policy.component))
+      state = build_state(policy, config, model, mesh, abstract=True, train=bool(checkpoints_in))
+      items.update(state.checkpoint_items() if checkpoints_in else {})
+  if checkpoints_in:
+    check_space(checkpoints_in, items)
   return composers, composer, processor, glyph_tokenizer, iterator

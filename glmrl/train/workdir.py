@@ -5,6 +5,7 @@ traceback once the model is built, or, for `checkpoints`, read as "no steps".
 """
 
 import os
+import shutil
 
 # name -> (is a folder, what the modes keep there)
 LAYOUT = {
@@ -97,3 +98,37 @@ def other_run_problem(workdir: str, config) -> str | None:
       return (f"--workdir={workdir} holds checkpoints of a run with config.{key}={theirs!r} ({path}); this config "
               f"has {ours!r}: pass --config={path} (then your flags), or a new --workdir")
   return None
+
+
+class AsFound:
+  """A workdir's entries when a run started, so that a run ending before its first step finished (a refusal, a
+  stop signal during the first compile) leaves the folder as it found it: `restore` removes what the run added (its
+  records, event files, an empty metrics.jsonl; the folder itself when the run `created` it), from `start` until
+  `keep` (a step finished: from then on the run's files are its record)."""
+
+  def __init__(self, workdir: str, created: bool):
+    self.workdir, self.created = workdir, created
+    self.before = None
+    self.kept = False
+
+  def start(self) -> None:
+    """Takes the snapshot, once the run holds the workdir (its lock): what another run adds is never removed."""
+    self.before = set(os.listdir(self.workdir))
+
+  def keep(self) -> None:
+    self.kept = True
+
+  def restore(self) -> None:
+    if self.kept or self.before is None or not os.path.isdir(self.workdir):
+      return
+    for name in set(os.listdir(self.workdir)) - self.before:
+      path = os.path.join(self.workdir, name)
+      if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+      else:
+        try:
+          os.remove(path)
+        except FileNotFoundError:  # another process of the run removed it first (a shared folder)
+          pass
+    if self.created and not os.listdir(self.workdir):
+      os.rmdir(self.workdir)

@@ -98,3 +98,21 @@ def test_wandbs_environment_holds_where_the_config_leaves_a_setting_empty(tmp_pa
   config.log.wandb_mode = "online"  # the config's mode wins over WANDB_MODE=offline: online, and no account here
   with pytest.raises(UserError, match="W&B did not start a run in mode 'online'.*or WANDB_MODE=offline"):
     run_writer(tmp_path / "work3", config)
+
+
+def test_an_online_run_without_an_account_is_refused_before_any_model(tmp_path, monkeypatch):
+  """`main.py --config.log.wandb=True --config.log.wandb_mode=online` with no API key: W&B's login is checked with
+  the inputs, so the line comes before any model is built (nothing compiled), and the workdir is left as it was."""
+  from tests.cli import assert_one_line_error, main_in_process
+
+  monkeypatch.setenv("WANDB_API_KEY", "")
+  monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+  monkeypatch.setenv("NETRC", str(tmp_path / "no_netrc"))
+  work = tmp_path / "run"
+  for mode, flags in (("train", ()), ("eval", ("--config.eval.steps=0", "--config.eval.benchmark=parti:2"))):
+    result = main_in_process("--config=configs/demo.py", f"--mode={mode}", "--config.log.wandb=True",
+                             "--config.log.wandb_mode=online", *flags, tmp_path=work)
+    assert_one_line_error(result, "log.wandb: W&B did not start a run in mode 'online' (UsageError: ")
+    assert "--config.log.wandb_mode=offline (or WANDB_MODE=offline) logs without an account" in result.stderr
+    assert "loading " not in result.stderr
+    assert not work.exists()

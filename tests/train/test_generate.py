@@ -1,5 +1,7 @@
 """`--mode=generate` end to end on the tiny demo config (called as a function, not a subprocess)."""
 
+import os
+
 import glmrl  # noqa: F401
 
 import jax
@@ -90,3 +92,14 @@ def test_no_checkpoint_means_initial_model(tmp_path):
   assert checkpoint_manager.restore_trained_params(str(tmp_path), {}) == (None, None)
   (tmp_path / "checkpoints").mkdir()
   assert checkpoint_manager.restore_trained_params(str(tmp_path), {}) == (None, None)
+
+
+def test_a_second_generate_keeps_the_first_ones_folder(generated):
+  """A later generate into the workdir writes generate_2/ (then generate_3/, ...): the first one's files stay."""
+  config, workdir, _ = generated
+  first = {p.name: p.read_bytes() for p in (workdir / "generate").iterdir()}
+  again = generate_lib.generate(config, str(workdir))
+  assert os.path.dirname(again["grid"]) == str(workdir / "generate_2")
+  assert {p.name: p.read_bytes() for p in (workdir / "generate").iterdir()} == first
+  assert sorted(p.name for p in (workdir / "generate_2").iterdir()) == sorted(first)
+  assert generate_lib.output_folder(str(workdir)) == str(workdir / "generate_3")
