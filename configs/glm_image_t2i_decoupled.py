@@ -9,7 +9,7 @@ python main.py --config=configs/glm_image_t2i_decoupled.py --config.model.checkp
 `:tiny` shrinks it to the random tiny model, a 64 x 64 target and built-in rewards for a local run.
 The decoder's OCR reward is served by the shipped scorer (docs/ocr_scorer.md), started before the run:
 
-  pip install -r requirements-ocr.txt
+  pip install -r requirements-ocr.txt && pip install --no-deps -r requirements-ocr-nodeps.txt
   python -m glmrl.rewards.server --scorer=glmrl.rewards.scorers.ocr:read --port=8001
 
 and passed as --config.decoder.rewards[0].kwargs.url=http://127.0.0.1:8001/score.

@@ -28,7 +28,9 @@ def test_eval_compares_checkpoints_with_paired_intervals(tmp_path):
   out = main_in_process(*flags, "--mode=eval", "--config.eval.benchmark=parti:4", "--config.eval.steps=0,2",
                         tmp_path=workdir)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert "read only" not in out.stderr  # Orbax's note on opening the checkpoints read-only is not the user's
+  # Orbax's notes on opening the checkpoints read-only ("Given directory is read only", "read_only=True, setting
+  # save_interval_steps=0") are not the user's.
+  assert "read only" not in out.stderr and "read_only" not in out.stderr, out.stderr
   report = json.loads((workdir / "eval" / "report.json").read_text())
   assert report["steps"] == [0, 2] and report["prompts"] == 4 and report["samples_per_prompt"] == 8
   assert len(report["prompt_text"]) == 4 and sum(v for k, v in report["categories"].items() if k != "overall") == 4

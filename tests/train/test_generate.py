@@ -94,11 +94,15 @@ def test_no_checkpoint_means_initial_model(tmp_path):
   assert checkpoint_manager.restore_trained_params(str(tmp_path), {}) == (None, None)
 
 
-def test_a_second_generate_keeps_the_first_ones_folder(generated):
-  """A later generate into the workdir writes generate_2/ (then generate_3/, ...): the first one's files stay."""
+def test_a_second_generate_keeps_the_first_ones_folder(generated, caplog):
+  """A later generate into the workdir writes generate_2/ (then generate_3/, ...): the first one's files stay.
+  Restoring the step says nothing of Orbax's read-only options ("read_only=True, setting save_interval_steps=0")."""
   config, workdir, _ = generated
   first = {p.name: p.read_bytes() for p in (workdir / "generate").iterdir()}
-  again = generate_lib.generate(config, str(workdir))
+  with caplog.at_level("INFO"):
+    again = generate_lib.generate(config, str(workdir))
+  assert "the trained parameters of step 5" in caplog.text  # the restore's own line is captured
+  assert "read_only" not in caplog.text and "read only" not in caplog.text, caplog.text
   assert os.path.dirname(again["grid"]) == str(workdir / "generate_2")
   assert {p.name: p.read_bytes() for p in (workdir / "generate").iterdir()} == first
   assert sorted(p.name for p in (workdir / "generate_2").iterdir()) == sorted(first)

@@ -2,7 +2,7 @@
 recogniser, which reads Latin script too) run with ONNX Runtime from the models the `rapidocr-onnxruntime` wheel
 carries. Nothing is downloaded at run time.
 
-    pip install -r requirements-ocr.txt
+    pip install -r requirements-ocr.txt && pip install --no-deps -r requirements-ocr-nodeps.txt
     python -m glmrl.rewards.server --scorer=glmrl.rewards.scorers.ocr:read --port=8001
 
 serves {"texts": [...]} for the `text_accuracy`, `ocr_word_accuracy` and `ocr_ned` rewards and the `ocr`
@@ -35,8 +35,10 @@ try:
   from rapidocr_onnxruntime.ch_ppocr_det import utils as det_utils
   from rapidocr_onnxruntime.utils import process_img
 except ImportError as e:  # the server reports it in one line
-  # OpenCV (a rapidocr dependency) loads the system's libGL even headless.
-  fix = "apt-get install libgl1" if "libGL" in str(e) else "pip install -r requirements-ocr.txt"
+  # opencv-python (what `pip install rapidocr-onnxruntime` pulls in) loads the system's libGL even with no screen;
+  # the headless build requirements-ocr.txt installs needs none.
+  install = "pip install -r requirements-ocr.txt && pip install --no-deps -r requirements-ocr-nodeps.txt"
+  fix = f"pip uninstall -y opencv-python && {install}" if "libGL" in str(e) else install
   raise ImportError(f"the OCR scorer needs rapidocr-onnxruntime and OpenCV: {fix} ({e})") from None
 
 # Recognitions below this confidence are dropped (a detector box over texture reads as noise).

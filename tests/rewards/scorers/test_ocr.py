@@ -3,9 +3,11 @@ served as users start it, it rewards a decoupled run's decoder and scores `--mod
 Renders use Pillow's bundled font and the Debian fonts present (DejaVu, Liberation)."""
 
 import contextlib
+import glob
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -202,12 +204,32 @@ def test_the_served_scorer_rewards_a_decoupled_runs_decoder_and_scores_the_ocr_b
   assert len(posts()) == probed + 3 + 2 * (1 + 4), posts()
 
 
+def test_the_engines_opencv_is_the_headless_build_linking_no_system_gl():
+  """The test requirements install OpenCV's headless build and rapidocr without the opencv-python it names: no
+  binary of OpenCV links libGL or GLib, so the README's two commands need no system package for the OCR scorer."""
+  from importlib import metadata
+  installed = {d.metadata["Name"].lower() for d in metadata.distributions()}
+  assert "opencv-python-headless" in installed and "opencv-python" not in installed, sorted(
+      n for n in installed if "opencv" in n)
+  import cv2
+  site = os.path.dirname(os.path.dirname(cv2.__file__))
+  binaries = glob.glob(f"{site}/cv2/**/*.so", recursive=True) + glob.glob(f"{site}/opencv_python_headless.libs/*")
+  assert binaries
+  linked = subprocess.run(["ldd", *binaries], capture_output=True, text=True, check=True).stdout
+  assert not re.findall(r"\blib(?:GL|EGL|GLX|glib-2\.0|gthread-2\.0|X11)\S*", linked), linked
+
+
+_INSTALL = "pip install -r requirements-ocr.txt && pip install --no-deps -r requirements-ocr-nodeps.txt"
+
+
 @pytest.mark.parametrize("failure,fix", [
-    ("No module named 'rapidocr_onnxruntime'", "pip install -r requirements-ocr.txt"),
-    ("libGL.so.1: cannot open shared object file: No such file or directory", "apt-get install libgl1"),
+    ("No module named 'rapidocr_onnxruntime'", _INSTALL),
+    ("libGL.so.1: cannot open shared object file: No such file or directory",
+     f"pip uninstall -y opencv-python && {_INSTALL}"),
 ])
 def test_a_server_without_its_ocr_engine_ends_in_one_line_naming_what_to_install(failure, fix, tmp_path):
-  """The engine's import failing as it does on a machine without the package, or without OpenCV's libGL."""
+  """The engine's import failing as it does on a machine without the package, or with opencv-python (not the
+  headless build) and no system libGL."""
   (tmp_path / "rapidocr_onnxruntime").mkdir()
   (tmp_path / "rapidocr_onnxruntime" / "__init__.py").write_text(f"raise ImportError({failure!r})\n")
   result = subprocess.run([sys.executable, "-m", "glmrl.rewards.server", "--scorer=glmrl.rewards.scorers.ocr:read"],
