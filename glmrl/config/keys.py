@@ -149,6 +149,7 @@ RULES: dict[str, Rule] = {
         "must be (lo, hi): two integers >= 0 (hi 0: the first half of the steps)"),
     "decoder.window_start": Rule(int, lambda v: v >= -1, "must be -1 (random per rollout) or a step index >= 0"),
     "rollout.ar_weights": choice("auto", *sharding_lib.ROLLOUT_WEIGHTS),
+    "rollout.overlap_rewards": BOOL,
     "decoder.window_slide_every": integer(0, why="must be >= 0 (0: a random window per rollout)"),
     "decoder.window_slide_stride": integer(0, why="must be >= 0 (0: window_size)"),
     "decoder.window_slide_roll_back": BOOL,

@@ -126,8 +126,9 @@ class Policy(Protocol):
   def group_rewards(self, total_B, request: Request):
     """(rewards of its rows, rows per group) from the images' total rewards [B]."""
 
-  def rollout_leg(self, run, prepared, sample, key, dit_params, step: int) -> tuple:
-    """(A DiT policy) (images, its part of the rollout, metrics): the rollout's decode as its update needs it."""
+  def rollout_leg(self, run, prepared, sample, key, dit_params, step: int, on_images=None) -> tuple:
+    """(A DiT policy) (images, its part of the rollout, metrics): the rollout's decode as its update needs it
+    (`on_images`: `Pipeline.decode_tokens`'s)."""
 
   def rollout_batch(self, sampled, advantages, keep):
     """Its update's inputs from the rollout (`rollout.Sampled`), learner log-probs NaN until the first update."""

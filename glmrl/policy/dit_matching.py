@@ -247,14 +247,14 @@ class MatchingPolicy(dit.DitPolicy):
     timesteps, sigmas = draw_slots(key, model_timesteps_s, sigmas_e, draws, self.slots(), draw)
     return timesteps[row_draw], sigmas[row_draw]
 
-  def rollout_leg(self, run, prepared, sample, key, dit_params, step: int) -> tuple:
+  def rollout_leg(self, run, prepared, sample, key, dit_params, step: int, on_images=None) -> tuple:
     """(images, MatchingRollout, metrics): every grid decoded by the ODE, the clean latents kept with each image's
     trained slots and training-noise keys (advantages, mask and old log-probs still empty)."""
     del step
     pipeline = run.pipeline
     noise_key, slot_key, train_key = jax.random.split(key, 3)
     target_B, latents, _, cond = self.leg_inputs(run, prepared, sample, noise_key)
-    images, x0 = self.decode(run, prepared, target_B, latents, cond, dit_params)
+    images, x0 = self.decode(run, prepared, target_B, latents, cond, dit_params, on_images=on_images)
     b = x0.shape[0]
     g = run.request.samples_per_grid if self.shares_group_noise else 1
     timesteps, sigmas = self.trained_slots(slot_key, *pipeline.schedule(self.train_steps), b,

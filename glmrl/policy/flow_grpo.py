@@ -192,7 +192,7 @@ class FlowGrpoPolicy(dit.DitPolicy):
     return decode.SdeWindow(noise_level=float(d.noise_level), size=d.window_size, sde_type=d.sde_type,
                             logprob=d.logprob)
 
-  def rollout_leg(self, run, prepared, sample, key, dit_params, step: int) -> tuple:
+  def rollout_leg(self, run, prepared, sample, key, dit_params, step: int, on_images=None) -> tuple:
     """(images, FlowBatch of the recorded window steps (learner log-probs, advantages and mask still empty),
     metrics): the SDE window at its start for rollout step `step` (fixed, sliding or random)."""
     pipeline, d = run.pipeline, self.config.decoder
@@ -200,7 +200,7 @@ class FlowGrpoPolicy(dit.DitPolicy):
     target_B, latents, noise_keys_B, cond = self.leg_inputs(run, prepared, sample, noise_key)
     start = window_start(self.config, window_key, step)
     images, _, trajectory = self.decode(run, prepared, target_B, latents, cond, dit_params,
-                                        sde=SdeRequest(self.sde(), start, noise_keys_B))
+                                        sde=SdeRequest(self.sde(), start, noise_keys_B), on_images=on_images)
     window = Window.at(*pipeline.schedule(self.train_steps), start, d.window_size)
     batch_first = lambda x_WxB: pipeline.shard_batch(jnp.swapaxes(x_WxB, 0, 1))
     rollout = FlowRollout(

@@ -17,6 +17,7 @@ program; the result stays on device. `__call__` is `score` fetched to numpy.
 """
 
 import math
+import time
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -152,31 +153,54 @@ class RewardComposer:
     return {e["name"]: jnp.asarray(e["fn"](images, None, metadata), jnp.float32)
             for e in self.entries if e["reward"].pure_jax}
 
-  def host_scores(self, images, prompts: Sequence[str], metadata: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Raw scores of the host-side rewards only, on numpy inputs."""
+  def host_scores(self, images, prompts: Sequence[str], metadata: Mapping[str, Any],
+                  seconds: dict | None = None) -> dict[str, np.ndarray]:
+    """Raw scores of the host-side rewards only, on numpy inputs; each one's seconds are added to `seconds`."""
     images = np.asarray(images)
-    return {e["name"]: np.asarray(e["fn"](images, prompts, metadata), np.float32)
-            for e in self.entries if not e["reward"].pure_jax}
+    out = {}
+    for e in self.entries:
+      if e["reward"].pure_jax:
+        continue
+      t0 = time.perf_counter()
+      out[e["name"]] = np.asarray(e["fn"](images, prompts, metadata), np.float32)
+      if seconds is not None:
+        seconds[e["name"]] = seconds.get(e["name"], 0.0) + time.perf_counter() - t0
+    return out
+
+  @property
+  def has_host_rewards(self) -> bool:
+    return any(not e["reward"].pure_jax for e in self.entries)
 
   def combine(self, components: Mapping[str, Any]):
     """Weighted sum of the components, each standardised per group first where configured
     (`group_normalize` with this composer's near-constant threshold `std_eps`)."""
     return weighted_total(self.entries, components, self.group_size, self.std_eps)
 
-  def _host_components(self, images, prompts, metadata) -> dict:
+  def host_components(self, images, prompts, metadata, seconds: dict | None = None, first_row: int = 0) -> dict:
     """Host-side rewards as device arrays; in a multi-process run each process scores its own samples
-    (the rows of the images its devices hold) and the scores are assembled like the images."""
+    (the rows of the images its devices hold) and the scores are assembled like the images (`host_layout`).
+    `first_row`: the batch row of `images[0]` where they are a part of the batch (a served reward's error names its
+    batch rows; across processes the rows are this process's own, as for a whole batch)."""
     if not isinstance(images, jax.Array) or images.is_fully_addressable:
-      return {k: jnp.asarray(v) for k, v in self.host_scores(images, prompts, metadata).items()}
+      with registry.rows_from(first_row):
+        scores = self.host_scores(images, prompts, metadata, seconds)
+      return {k: jnp.asarray(v) for k, v in scores.items()}
     spans = sorted({(s.index[0].start or 0, s.index[0].stop or images.shape[0]): s
                     for s in images.addressable_shards}.items())
     rows = np.concatenate([np.arange(a, b) for (a, b), _ in spans])
     local_images = np.concatenate([np.asarray(shard.data) for _, shard in spans])
     local_meta = {k: (v[rows] if isinstance(v, np.ndarray) else [v[i] for i in rows]) for k, v in metadata.items()
                   if isinstance(v, (np.ndarray, list, tuple)) and len(v) == images.shape[0]}
-    scores = self.host_scores(local_images, [prompts[i] for i in rows], local_meta)
-    sharding = jax.sharding.NamedSharding(images.sharding.mesh, jax.sharding.PartitionSpec(images.sharding.spec[0]))
-    return {k: jax.make_array_from_process_local_data(sharding, v, (images.shape[0],)) for k, v in scores.items()}
+    scores = self.host_scores(local_images, [prompts[i] for i in rows], local_meta, seconds)
+    return {k: jax.make_array_from_process_local_data(self.host_layout(images), v, (images.shape[0],))
+            for k, v in scores.items()}
+
+  def host_layout(self, images):
+    """Where `host_components(images, ...)` puts its scores: None (the default device) or the images' rows'
+    sharding across processes."""
+    if not isinstance(images, jax.Array) or images.is_fully_addressable:
+      return None
+    return jax.sharding.NamedSharding(images.sharding.mesh, jax.sharding.PartitionSpec(images.sharding.spec[0]))
 
   def _device_scores(self, host_components, images, metadata):
     components = dict(self.jax_scores(images, metadata))
@@ -187,6 +211,12 @@ class RewardComposer:
         raise ValueError(f"reward {name!r} returned shape {tuple(v.shape)}, expected ({batch},)")
     return self.combine(components), components
 
+  def inputs(self, prompts: Sequence[str], metadata: Mapping[str, Any] | None = None) -> dict:
+    """The per-sample metadata every reward reads: `metadata` plus `prepare`'s host inputs."""
+    metadata = dict(metadata or {})
+    metadata.update(self.prepare(prompts, metadata))
+    return metadata
+
   def score(self, images, prompts: Sequence[str], metadata: Mapping[str, Any] | None = None):
     """(total float32[B], {name: raw float32[B]}) as device arrays.
 
@@ -195,6 +225,10 @@ class RewardComposer:
     """
     if not hasattr(images, "shape"):
       images = np.asarray(images)
+    self.check_batch(images, prompts)
+    return self.score_inputs(images, prompts, self.inputs(prompts, metadata))
+
+  def check_batch(self, images, prompts: Sequence[str]) -> None:
     registry.check_images(images, "composition")
     batch = images.shape[0]
     if isinstance(prompts, str):
@@ -203,15 +237,20 @@ class RewardComposer:
       raise ValueError(f"got {len(prompts)} prompts for {batch} images")
     if self.group_size is not None and batch % self.group_size:
       raise ValueError(f"batch of {batch} images is not divisible by group_size={self.group_size}")
-    metadata = dict(metadata or {})
-    metadata.update(self.prepare(prompts, metadata))
+
+  def score_inputs(self, images, prompts: Sequence[str], metadata: dict, host_components: dict | None = None,
+                   seconds: dict | None = None):
+    """`score` of a checked batch from `inputs(prompts, ...)`'s metadata; `host_components`: the host-side rewards'
+    scores where they were scored already (`glmrl.train.reward_stream`, as `host_components` lays them out), else
+    they are scored here, each one's seconds added to `seconds`."""
+    if not hasattr(images, "shape"):
+      images = np.asarray(images)
     # Host arrays stay numpy: jit places them on the images' mesh (also across processes).
     array_metadata = {k: v for k, v in metadata.items()
                       if isinstance(v, (np.ndarray, jax.Array))
                       and (jnp.issubdtype(v.dtype, jnp.number) or v.dtype == np.bool_)}
-    host_components = {}
-    if any(not e["reward"].pure_jax for e in self.entries):
-      host_components = self._host_components(images, prompts, metadata)
+    if host_components is None:
+      host_components = self.host_components(images, prompts, metadata, seconds) if self.has_host_rewards else {}
     total, components = self._device_scores_jit(host_components, images, array_metadata)
     return total, {e["name"]: components[e["name"]] for e in self.entries}  # jit returns dicts key-sorted
 

@@ -23,6 +23,8 @@ device) and puts them there; the composer passes the run's (replicated on the tr
 factories should cache loaded weights per (path, sharding) so rewards sharing a model load it once.
 """
 
+import contextlib
+import contextvars
 import dataclasses
 import inspect
 from typing import Any, Callable, Mapping, Sequence
@@ -30,6 +32,11 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 RewardFn = Callable[..., Any]
+
+# The batch row of the first image a host-side reward is given in this thread: 0, except while the rollout scores
+# its batch a decoder call at a time (`glmrl.train.reward_stream`), so that an error naming an image names its row
+# of the batch either way (`first_row()`; the remote rewards' errors read it).
+_FIRST_ROW = contextvars.ContextVar("glmrl_reward_first_row", default=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +160,20 @@ def get(name: str) -> Reward:
 
 def names() -> list[str]:
   return sorted(_REGISTRY)
+
+
+@contextlib.contextmanager
+def rows_from(first: int):
+  """Host-side rewards called within are given the batch's rows from `first` on."""
+  token = _FIRST_ROW.set(int(first))
+  try:
+    yield
+  finally:
+    _FIRST_ROW.reset(token)
+
+
+def first_row() -> int:
+  return _FIRST_ROW.get()
 
 
 def check_images(images, name: str) -> None:

@@ -47,7 +47,7 @@ from absl import logging
 from PIL import Image
 
 from glmrl.errors import UserError
-from glmrl.rewards.registry import check_images, register_factory
+from glmrl.rewards.registry import check_images, first_row, register_factory
 from glmrl.rewards.detections import check_detection
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -101,6 +101,79 @@ def metadata_rows(metadata: Mapping[str, Any] | None, keys: Sequence[str], batch
 
 
 @dataclasses.dataclass(frozen=True)
+class Retrying:
+  """POSTs JSON to `url`, retried on connection errors, timeouts and HTTP 408/429/5xx (backoff_s * 2**attempt,
+  at most max_backoff_s, between attempts; one warning line each): `post` returns a 200 answer's body, else raises
+  RemoteRewardError naming `where`. `headers` ((name, value) pairs: an API key) are sent, never logged."""
+  url: str
+  timeout_s: float
+  retries: int
+  backoff_s: float
+  max_backoff_s: float
+  headers: tuple = dataclasses.field(default=(), repr=False)
+
+  @classmethod
+  def checked(cls, url: str, *, timeout_s, retries, backoff_s, max_backoff_s, headers=()) -> Retrying:
+    """Each setting checked, in one line naming the server and the setting."""
+    parsed = urllib.parse.urlparse(url) if isinstance(url, str) else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+      raise UserError(f"reward server url={url!r} must be an http(s) URL like http://127.0.0.1:8000/score")
+    for name, value, positive in (("timeout_s", timeout_s, True), ("backoff_s", backoff_s, False),
+                                  ("max_backoff_s", max_backoff_s, False)):
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+          or value < 0 or (positive and value == 0):
+        raise ValueError(f"reward server {url}: {name}={value!r} must be a finite number "
+                         f"{'> 0' if positive else '>= 0'}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+      raise ValueError(f"reward server {url}: retries={retries!r} must be an integer >= 0")
+    return cls(url, float(timeout_s), retries, float(backoff_s), float(max_backoff_s), tuple(headers))
+
+  def post(self, body: bytes, where: str, timeout_s: float | None = None) -> bytes:
+    last = ""
+    for attempt in range(self.retries + 1):
+      if attempt:
+        wait = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        logging.warning("%s: attempt %d of %d failed (%s); retrying in %g s", where, attempt, self.retries + 1,
+                        last, wait)
+        time.sleep(wait)
+      try:
+        status, raw = self._post(body, timeout_s or self.timeout_s)
+      except _Retryable as e:
+        last = str(e)
+        continue
+      if status == 200:
+        return raw
+      message = _error_text(raw)
+      if status in RETRY_STATUSES:
+        last = f"HTTP {status}: {message}"
+        continue
+      raise RemoteRewardError(f"{where}: HTTP {status}: {message}")
+    raise RemoteRewardError(f"{where}: failed after {self.retries + 1} attempt(s); last error: {last}")
+
+  def _post(self, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    req = urllib.request.Request(self.url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "Accept": "application/json", **dict(self.headers)})
+    try:
+      with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+      try:
+        return e.code, e.read()
+      except (OSError, http.client.HTTPException):
+        return e.code, b""
+      finally:
+        e.close()
+    except (socket.timeout, TimeoutError) as e:
+      raise _Retryable(f"timed out after {timeout_s:g} s ({e})") from e
+    except urllib.error.URLError as e:
+      if isinstance(e.reason, (socket.timeout, TimeoutError)):
+        raise _Retryable(f"timed out after {timeout_s:g} s ({e.reason})") from e
+      raise _Retryable(f"connection failed: {e.reason}") from e
+    except (ConnectionError, http.client.HTTPException, OSError) as e:
+      raise _Retryable(f"connection failed: {type(e).__name__}: {e}") from e
+
+
+@dataclasses.dataclass(frozen=True)
 class _Chunk:
   start: int
   stop: int
@@ -115,24 +188,15 @@ class RemoteRewardClient:
   def __init__(self, url: str, *, timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 0.5,
                max_backoff_s: float = 8.0, chunk_size: int = 8, max_workers: int = 4,
                metadata_keys: Sequence[str] = ()):
-    parsed = urllib.parse.urlparse(url) if isinstance(url, str) else None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
-      raise UserError(f"reward server url={url!r} must be an http(s) URL like http://127.0.0.1:8000/score")
-    for name, value, positive in (("timeout_s", timeout_s, True), ("backoff_s", backoff_s, False),
-                                  ("max_backoff_s", max_backoff_s, False)):
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-          or value < 0 or (positive and value == 0):
-        raise ValueError(f"reward server {url}: {name}={value!r} must be a finite number "
-                         f"{'> 0' if positive else '>= 0'}")
-    for name, value, lo in (("retries", retries, 0), ("chunk_size", chunk_size, 1),
-                            ("max_workers", max_workers, 1)):
-      if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"reward server {url}: {name}={value!r} must be an integer >= {lo}")
+    self.http = Retrying.checked(url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
+                                 max_backoff_s=max_backoff_s)
+    for name, value in (("chunk_size", chunk_size), ("max_workers", max_workers)):
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"reward server {url}: {name}={value!r} must be an integer >= 1")
     if isinstance(metadata_keys, str) or not all(isinstance(k, str) for k in metadata_keys):
       raise ValueError(f"reward server {url}: metadata_keys={metadata_keys!r} must be a list of strings")
     self.url = url
-    self.timeout_s, self.retries = float(timeout_s), retries
-    self.backoff_s, self.max_backoff_s = float(backoff_s), float(max_backoff_s)
+    self.timeout_s = self.http.timeout_s
     self.chunk_size, self.max_workers = chunk_size, max_workers
     self.metadata_keys = tuple(metadata_keys)
 
@@ -158,7 +222,8 @@ class RemoteRewardClient:
     rows = metadata_rows(metadata, self.metadata_keys, batch)
     if not batch:
       return []
-    chunks = [_Chunk(s, min(s + self.chunk_size, batch), images[s:s + self.chunk_size],
+    first = first_row()  # errors name the batch's rows, also for a part of it
+    chunks = [_Chunk(first + s, first + min(s + self.chunk_size, batch), images[s:s + self.chunk_size],
                      list(prompts[s:s + self.chunk_size]), rows[s:s + self.chunk_size])
               for s in range(0, batch, self.chunk_size)]
     if len(chunks) == 1:
@@ -179,26 +244,7 @@ class RemoteRewardClient:
     where = f"reward server {self.url} ({what or f'images {chunk.start}..{chunk.stop - 1}'})"
     body = json.dumps({"images": [encode_png(im) for im in chunk.images], "prompts": chunk.prompts,
                        "metadata": chunk.metadata}).encode("utf-8")
-    last = ""
-    for attempt in range(self.retries + 1):
-      if attempt:
-        wait = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-        logging.warning("%s: attempt %d of %d failed (%s); retrying in %g s", where, attempt, self.retries + 1,
-                        last, wait)
-        time.sleep(wait)
-      try:
-        status, raw = self._post(body, timeout_s or self.timeout_s)
-      except _Retryable as e:
-        last = str(e)
-        continue
-      if status == 200:
-        return self._parse(raw, key, chunk.stop - chunk.start, where)
-      message = _error_text(raw)
-      if status in RETRY_STATUSES:
-        last = f"HTTP {status}: {message}"
-        continue
-      raise RemoteRewardError(f"{where}: HTTP {status}: {message}")
-    raise RemoteRewardError(f"{where}: failed after {self.retries + 1} attempt(s); last error: {last}")
+    return self._parse(self.http.post(body, where, timeout_s), key, chunk.stop - chunk.start, where)
 
   def probe(self, key: str) -> None:
     """One real request before any model is built: a tiny gray image (with the configured metadata keys, null),
@@ -213,28 +259,6 @@ class RemoteRewardClient:
       hint = ("start the server (python -m glmrl.rewards.server ...) or fix the url" if "connection failed" in str(e)
               else f"the server must answer the protocol of glmrl.rewards.remote with a {key!r} list")
       raise RemoteRewardError(f"{e}; {hint}") from None
-
-  def _post(self, body: bytes, timeout_s: float) -> tuple[int, bytes]:
-    req = urllib.request.Request(self.url, data=body, method="POST",
-                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
-    try:
-      with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-      try:
-        return e.code, e.read()
-      except (OSError, http.client.HTTPException):
-        return e.code, b""
-      finally:
-        e.close()
-    except (socket.timeout, TimeoutError) as e:
-      raise _Retryable(f"timed out after {timeout_s:g} s ({e})") from e
-    except urllib.error.URLError as e:
-      if isinstance(e.reason, (socket.timeout, TimeoutError)):
-        raise _Retryable(f"timed out after {timeout_s:g} s ({e.reason})") from e
-      raise _Retryable(f"connection failed: {e.reason}") from e
-    except (ConnectionError, http.client.HTTPException, OSError) as e:
-      raise _Retryable(f"connection failed: {type(e).__name__}: {e}") from e
 
   @staticmethod
   def _parse(raw: bytes, key: str, count: int, where: str) -> list:

@@ -388,7 +388,7 @@ class GlmImagePipeline:
 
   def decode_tokens(self, prepared: Prepared, target_Bxhxw, latents, group_size: int, source_cache=None, *,
                     dit_params=None, steps: int | None = None, sde: SdeRequest | None = None,
-                    conditioning: Conditioned | None = None, guidance_scale: float | None = None):
+                    conditioning: Conditioned | None = None, guidance_scale: float | None = None, on_images=None):
     """Denoise from `latents` conditioned on the target-grid tokens and decode: (uint8 images, latents),
     and the SDE window's `decode.Trajectory` ([W, B, ...]) when `sde` is given.
 
@@ -397,7 +397,9 @@ class GlmImagePipeline:
     `conditioning`: `self.conditioning(prepared, target_Bxhxw, group_size)` when the caller already has it.
     The batch is decoded in chunks of `spec.decode_batch` samples by one compiled program (the
     attention of a 1024^2 DiT step over a whole rollout would not fit); rows do not interact, so the
-    result is the whole batch's. Each chunk is re-spread over the mesh's batch axes.
+    result is the whole batch's. Each chunk is re-spread over the mesh's batch axes. `on_images(first, images)` is
+    called with each chunk's images (rows `first`...) as soon as that chunk is dispatched, before the next one is
+    (`glmrl.train.reward_stream` scores them while the device decodes on).
     """
     cond = conditioning or self.conditioning(prepared, target_Bxhxw, group_size)
     b = target_Bxhxw.shape[0]
@@ -418,7 +420,10 @@ class GlmImagePipeline:
 
     keys_B = None if sde is None else sde.noise_keys_B
     if chunk == b:
-      return run(cond, latents, source_cache, keys_B)
+      out = run(cond, latents, source_cache, keys_B)
+      if on_images is not None:
+        on_images(0, out[0])
+      return out
     outs = []
     for first in range(0, b, chunk):
       part = lambda x: self.shard_batch(x[first:first + chunk])
@@ -429,6 +434,8 @@ class GlmImagePipeline:
                                       valid=source_cache.valid[lo:hi])
       keys = None if keys_B is None else keys_B[first:first + chunk]
       outs.append(run(jax.tree.map(part, cond), part(latents), cache, keys))
+      if on_images is not None:
+        on_images(first, outs[-1][0])
     images, out_latents = jnp.concatenate([o[0] for o in outs]), jnp.concatenate([o[1] for o in outs])
     if sde is None:
       return images, out_latents

@@ -161,6 +161,8 @@ class Trainer:
     scalars.update({
         "time/rollout": timings["rollout"], "time/reward": timings["reward"], "time/update": t2 - t1,
         "time/step": t2 - t0, "time/sampling": timings["sampling"], "time/decode": timings["decode"],
+        "time/reward_wait": timings["reward_wait"],
+        **{f"time/reward/{name}": seconds for name, seconds in timings["rewards"].items()},
         "throughput/samples_per_s": run.batch_size / max(timings["rollout"], 1e-9),
         "throughput/tokens_per_s": collected.tokens / max(timings["rollout"], 1e-9),
         "nonfinite/skipped_total": self.nonfinite_total,

@@ -1,8 +1,9 @@
 """One GRPO rollout: sample groups of images, score them, and turn the scores into advantages.
 
 Everything stays on device between the sampler, the decoder, pure-JAX rewards and the advantages;
-only host-side rewards (e.g. JPEG size) fetch the images. Scoring is `RewardComposer.score`, the
-path evaluation takes too. Each trained policy turns the scores into its own batch
+only host-side rewards (e.g. JPEG size) fetch the images, a decoder call's images at a time while the next call
+runs (`reward_stream`; `config.rollout.overlap_rewards`). Scoring is `RewardComposer.score_inputs`, the path
+evaluation takes too (`score`). Each trained policy turns the scores into its own batch
 (`glmrl.policy`). The learner's old log-probs are not computed here: the first update computes them.
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from glmrl import grpo
 from glmrl.policy import registry
+from glmrl.train import reward_stream
 
 
 @functools.partial(jax.jit, static_argnames=("group_size", "scale", "estimator", "std_eps", "drop_constant"))
@@ -63,7 +65,10 @@ class RolloutResult:
   total: jax.Array                # [B] total reward of each image (the first policy's rewards)
   prompts: list[str]              # B prompts, one per image
   metrics: dict                   # rollout-level scalars (reward/..., advantage/...), on device
-  timings: dict                   # {"rollout", "sampling", "decode", "reward"} seconds; rollout = sampling + decode
+  # {"rollout", "sampling", "decode", "reward", "reward_wait"} seconds (rollout = sampling + decode; reward: from the
+  # decode's end until the rewards and advantages are on device; reward_wait: of it, the wait for the host rewards)
+  # and "rewards": {each host reward (its policy's prefix): seconds its function ran}.
+  timings: dict
   tokens: int                     # generated tokens of the rollout
 
 
@@ -105,26 +110,44 @@ def collect(run, data_batch, key, trainables: dict, step: int = 0) -> RolloutRes
   # rollout's time into its two parts at the cost of one dispatch, not of any overlap.
   jax.block_until_ready(sample.tokens)
   t_sampled = time.perf_counter()
-  legs, extra = {}, {}
-  leg_policy = registry.decoding(run.policies)
-  if leg_policy is not None:  # the DiT policy decodes as its update needs
-    images, legs[leg_policy.name], leg_metrics = leg_policy.rollout_leg(run, prepared, sample, noise_key,
-                                                                        params["dit_params"], step)
-    extra.update({leg_policy.prefix(tuple(run.policies)) + k: v for k, v in leg_metrics.items()})
-  else:
-    latents = run.pipeline.initial_latents(noise_key, num_prompts, ga)
-    images, _ = run.pipeline.decode_tokens(prepared, sample.target, latents, ga, run.pipeline.source_cache(prepared),
-                                           dit_params=params["dit_params"])
-  jax.block_until_ready(images)
-  t1 = time.perf_counter()
-
-  sampled = Sampled(sample, images, legs)
   prompts = [p for p in data_batch.prompts for _ in range(request.images_per_prompt)]
   metadata = host_metadata(data_batch.metadata, request.images_per_prompt)
+  inputs = {name: composer.inputs(prompts, metadata) for name, composer in run.composers.items()}
+  stream = reward_stream.RewardStream(run.composers, prompts, inputs, len(prompts)) \
+      if cfg.rollout.overlap_rewards else None
+  on_images = None if stream is None else stream.add
+  try:
+    legs, extra = {}, {}
+    leg_policy = registry.decoding(run.policies)
+    if leg_policy is not None:  # the DiT policy decodes as its update needs
+      images, legs[leg_policy.name], leg_metrics = leg_policy.rollout_leg(
+          run, prepared, sample, noise_key, params["dit_params"], step, on_images=on_images)
+      extra.update({leg_policy.prefix(tuple(run.policies)) + k: v for k, v in leg_metrics.items()})
+    else:
+      latents = run.pipeline.initial_latents(noise_key, num_prompts, ga)
+      images, _ = run.pipeline.decode_tokens(prepared, sample.target, latents, ga,
+                                             run.pipeline.source_cache(prepared), dit_params=params["dit_params"],
+                                             on_images=on_images)
+    jax.block_until_ready(images)
+    t1 = time.perf_counter()
+    host = {} if stream is None else stream.result(images)
+  finally:
+    if stream is not None:
+      stream.close()
+  waited = 0.0 if stream is None else stream.waited
+  seconds = {} if stream is None else stream.seconds()
+
+  sampled = Sampled(sample, images, legs)
   batches, shapes, first_total = {}, {}, None
   for name, policy in run.policies.items():
     composer = run.composers[name]
-    total, components = composer.score(images, prompts, metadata)
+    composer.check_batch(images, prompts)
+    own = seconds.setdefault(name, {})
+    if stream is None and composer.has_host_rewards:  # the serial path scores its host rewards after the decode
+      t_host = time.perf_counter()
+      host[name] = composer.host_components(images, prompts, inputs[name], own)
+      waited += time.perf_counter() - t_host
+    total, components = composer.score_inputs(images, prompts, inputs[name], host.get(name, {}))
     rewards, group = policy.group_rewards(total, request)
     advantages, keep_B, zero_var = advantage_stats(
         rewards, group_size=group, scale=policy.settings.advantage_scale, estimator=cfg.grpo.estimator,
@@ -136,7 +159,10 @@ def collect(run, data_batch, key, trainables: dict, step: int = 0) -> RolloutRes
     first_total = total if first_total is None else first_total
   jax.block_until_ready(first_total)
   t2 = time.perf_counter()
+  reward_seconds = {run.policies[name].prefix(tuple(run.policies)) + reward: v
+                    for name, own in seconds.items() for reward, v in own.items()}
   return RolloutResult(batches=batches, update_shapes=shapes, images=images, total=first_total, prompts=prompts,
                        metrics=extra, timings={"rollout": t1 - t0, "sampling": t_sampled - t0,
-                                         "decode": t1 - t_sampled, "reward": t2 - t1},
+                                               "decode": t1 - t_sampled, "reward": t2 - t1, "reward_wait": waited,
+                                               "rewards": reward_seconds},
                        tokens=int(sample.logprobs.shape[0] * sample.logprobs.shape[1]))

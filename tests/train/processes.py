@@ -8,7 +8,9 @@ import subprocess
 import sys
 import tempfile
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
 from tests.cli import ROOT, TIMEOUT_S
 
@@ -136,3 +138,33 @@ def pod_and_single(root, *flags, single) -> tuple:
   assert "config.rollout.ar_weights=auto -> 'gathered'" in errs[0]  # the tiny generator's copy fits
   assert_same_metrics(rows(multi), rows(single), KEYS, rtol_first=1e-5, rtol=1e-3, rtol_grad_first=1e-3)
   return multi, single
+
+
+def timeless_rows(workdir) -> list[dict]:
+  """`rows` without the time/, throughput/ and memory/ scalars (what two identical runs log alike)."""
+  return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "throughput/", "memory/"))}
+          for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def trained_arrays(workdir, step: int) -> dict:
+  """{item: [leaves as numpy]} of every array item of the checkpoint of `step`, in one order."""
+  out = {}
+  folder = workdir / "checkpoints" / str(step)
+  for item in sorted(p.name for p in folder.iterdir() if p.is_dir() and ("params" in p.name or "opt_state" in p.name)):
+    checkpointer = ocp.PyTreeCheckpointer()
+    tree = checkpointer.metadata(str(folder / item)).item_metadata.tree
+    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    state = checkpointer.restore(str(folder / item), args=ocp.args.PyTreeRestore(restore_args=args))
+    out[item] = [np.asarray(x) for _, x in sorted(jax.tree_util.tree_leaves_with_path(state),
+                                                  key=lambda kv: jax.tree_util.keystr(kv[0]))]
+  return out
+
+
+def assert_same_training(a, b, step: int) -> None:
+  """The same logged values (time aside) and the same trained arrays at `step`, bit for bit."""
+  assert timeless_rows(a) == timeless_rows(b)
+  got, want = trained_arrays(a, step), trained_arrays(b, step)
+  assert got.keys() == want.keys() and {"params", "opt_state"} <= got.keys(), got.keys()
+  for item in got:
+    assert len(got[item]) == len(want[item]) and all(np.array_equal(x, y) for x, y in zip(got[item], want[item])), \
+        item

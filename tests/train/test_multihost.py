@@ -1,5 +1,6 @@
 """Two processes x 4 CPU devices (gloo over loopback) train, save and resume as one run, launched as users
 launch main.py (the README's demo command: the decoder in several calls), and match one process on 8 devices;
+its host reward scored after the whole decode (`rollout.overlap_rewards=False`) the same run bit for bit;
 `--mode=eval` (a shipped benchmark, two checkpoints compared) and `--mode=generate` on the checkpoints the two
 processes wrote, as 2 processes and as 1, write the same report and samples.
 
@@ -36,7 +37,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from tests.train.processes import assert_same_metrics, launch, rows
+from tests.train.processes import assert_same_metrics, assert_same_training, launch, rows
 
 # The README's demo command (one sample per device per decoder call: 16 images in 2 calls; the sampler reads the
 # generator as `rollout.ar_weights=auto` picks on 8 host devices) with micro-batches of 4 over 8 devices (each
@@ -115,6 +116,10 @@ def test_two_processes_train_resume_evaluate_and_generate_as_one_process_on_eigh
   the pod run again. The 1-process reference is made once per session (`_single`), by the worker beside this one."""
   multi = tmp_path / "multi"
   launch(multi, *FLAGS, "--config.train.num_steps=2")
+  # Its host reward scored after the whole decode instead of a decoder call at a time: the same run, bit for bit.
+  serial = tmp_path / "serial"
+  launch(serial, *FLAGS, "--config.train.num_steps=2", "--config.rollout.overlap_rewards=False")
+  assert_same_training(serial, multi, 2)
   launch(multi, *FLAGS, "--config.train.num_steps=3")  # resumes from the checkpoint of step 2, saved by both
   single = _single(shared_runs)
   got, want = rows(multi), rows(single)
