@@ -7,10 +7,13 @@ names onto the mesh axes `data`, `fsdp`, `tensor`; a name without a rule (or
 """
 
 import contextlib
+import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -94,6 +97,58 @@ def state_shardings(abstract_state, mesh, rules=DEFAULT_RULES):
         NamedSharding(mesh, logical_to_spec(names, variable.shape, mesh, rules)))
 
   return jax.tree.map(one, abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+@dataclasses.dataclass(frozen=True)
+class Undivided:
+  """A parameter dimension that its rule maps onto a mesh axis its size does not divide, so it is replicated over
+  that axis: each chip holds `extra_bytes` more of it than its share would be."""
+  path: str
+  shape: tuple
+  name: str        # the dimension's logical name
+  axis: str        # the mesh axis it would be split over
+  axis_size: int
+  extra_bytes: int
+
+
+def undivided(abstract_state, mesh, rules=DEFAULT_RULES) -> list[Undivided]:
+  """Every parameter of an nnx State (abstract or concrete) that `logical_to_spec` replicates over an axis because
+  its size does not divide it (not because another of its dimensions already took the axis)."""
+  table, out = dict(rules), []
+  leaves = jax.tree_util.tree_leaves_with_path(abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  for path, variable in leaves:
+    if not isinstance(variable, nnx.Variable):
+      continue
+    names = variable.get_metadata().get("out_sharding")
+    spec = logical_to_spec(names, variable.shape, mesh, rules)
+    split = math.prod(mesh.shape[a] for a in spec if a is not None)
+    held = math.prod(variable.shape) * np.dtype(variable.dtype).itemsize // split  # bytes per chip as laid out
+    for name, size, entry in zip(names or (None,) * len(variable.shape), variable.shape, spec):
+      axis = table.get(name) if name is not None else None
+      if axis is not None and entry is None and axis not in spec and size % mesh.shape[axis] \
+          and not (out and out[-1].path == jax.tree_util.keystr(path) and out[-1].axis == axis):
+        out.append(Undivided(jax.tree_util.keystr(path), tuple(variable.shape), name, axis, mesh.shape[axis],
+                             held - held // mesh.shape[axis]))
+  return out
+
+
+# Replicated bytes per chip from which `warn_undivided` warns (below: an info line): the released VAE's last
+# convolution (3 output channels, 14 KiB) never divides an fsdp axis, and nothing can be done about it.
+WARN_UNDIVIDED_BYTES = 2**20
+
+
+def warn_undivided(component: str, abstract_state, mesh, rules=DEFAULT_RULES) -> list[Undivided]:
+  """One line naming `component`'s parameters that `undivided` finds and the bytes per chip they add (a warning from
+  `WARN_UNDIVIDED_BYTES` on); returns them."""
+  found = undivided(abstract_state, mesh, rules)
+  if found:
+    extra = sum(u.extra_bytes for u in found)
+    named = "; ".join(f"{u.path} {list(u.shape)}: {u.name} over {u.axis}={u.axis_size}" for u in found[:3])
+    more = f"; and {len(found) - 3} more" if len(found) > 3 else ""
+    logging.log(logging.WARNING if extra >= WARN_UNDIVIDED_BYTES else logging.INFO,
+                "%s: %d parameter(s) have a dimension that does not divide its mesh axis and are replicated over it, "
+                "%.2f MiB more per chip: %s%s", component, len(found), extra / 2**20, named, more)
+  return found
 
 
 # Where the AR sampler reads the generator's weights (config.rollout.ar_weights): "update", the update's FSDP

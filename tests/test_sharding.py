@@ -75,3 +75,38 @@ print(float(jnp.max(jnp.abs(encoded - jax.jit(functools.partial(decode.encode_la
   gap, uint8_gap = last.split()
   assert float(gap) < 1e-5 and int(uint8_gap) <= 1  # a value 1e-6 from a rounding boundary may take either level
   assert float(encoded_gap) < 1e-5
+
+
+def _params(**shapes):
+  """An abstract nnx State: name -> (shape, logical names), float32."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  return nnx.State({k: nnx.Param(jax.ShapeDtypeStruct(shape, jnp.float32), out_sharding=names)
+                    for k, (shape, names) in shapes.items()})
+
+
+def test_undivided_names_each_parameter_replicated_over_an_axis_it_does_not_divide(caplog):
+  """A size its axis does not divide is named with the bytes per chip it adds; a size that divides, a dimension
+  without a rule, and an axis another dimension already took are not."""
+  state = _params(split=((64, 6), ("embed", "mlp")), odd=((63, 6), ("embed", "mlp")),
+                  free=((7, 5), (None, "conv_in")), taken=((8, 8), ("heads", "mlp")),
+                  big=((2001, 1024), ("embed", "mlp")))
+  found = {u.path: u for u in sharding.undivided(state, FakeMesh())}
+  assert set(found) == {"['odd']", "['big']"}
+  odd = found["['odd']"]
+  assert (odd.shape, odd.name, odd.axis, odd.axis_size) == ((63, 6), "embed", "fsdp", 2)
+  # Held per chip: 63 x 6 float32 split over tensor=2 only (756 B); over fsdp too it would be half of that.
+  assert odd.extra_bytes == 63 * 6 * 4 // 2 - 63 * 6 * 4 // 4
+  assert found["['big']"].extra_bytes == 2001 * 1024 * 4 // 2 // 2
+  with caplog.at_level("INFO"):
+    sharding.warn_undivided("ar", state, FakeMesh())
+  (record,) = caplog.records
+  assert record.levelname == "WARNING" and record.getMessage() == (
+      "ar: 2 parameter(s) have a dimension that does not divide its mesh axis and are replicated over it, 1.95 MiB "
+      "more per chip: ['big'] [2001, 1024]: embed over fsdp=2; ['odd'] [63, 6]: embed over fsdp=2")
+  caplog.clear()
+  with caplog.at_level("INFO"):  # under WARN_UNDIVIDED_BYTES: an info line
+    sharding.warn_undivided("vae", _params(conv=((3, 3, 8, 3), (None, None, "conv_in", "conv_out"))), FakeMesh())
+  (record,) = caplog.records
+  assert record.levelname == "INFO" and record.getMessage().startswith("vae: 1 parameter(s) have a dimension")

@@ -188,7 +188,10 @@ def _init_program(name: str, cfg, sharding_leaves: tuple, sharding_treedef):
 def build(name: str, cfg, *, mesh=None, checkpoint_dir: str = "", seed: int = 0):
   """(graphdef, params) of one component: restored from checkpoint_dir, or randomly initialised."""
   graphdef, abstract = abstract_model(name, cfg)
-  shardings = sharding_lib.state_shardings(abstract, mesh) if mesh is not None else None
+  shardings = None
+  if mesh is not None:
+    sharding_lib.warn_undivided(name, abstract, mesh)
+    shardings = sharding_lib.state_shardings(abstract, mesh)
   if checkpoint_dir:
     folder, _ = COMPONENTS[name]
     params = params_lib.restore_params(os.path.join(checkpoint_dir, folder), abstract,

@@ -9,6 +9,7 @@ program larger than the GPU, so the verdict is always the report's: the step's p
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -51,6 +52,8 @@ def compile_report(config) -> dict:
   config = run.config
   state = run.resident_bytes()
   resident = sum(state.values())
+  undivided = [{"component": name, **dataclasses.asdict(u), "shape": list(u.shape)}
+               for name, (_, params) in run.models.items() for u in sharding_lib.warn_undivided(name, params, mesh)]
   flops = report_lib.step_flops(run.plan, run.layout, ar_param_count=abstract_lib.generator_params(run),
                                 dit_param_count=abstract_lib.num_params(run.models["dit"][1]))
   entries, fits = {}, True
@@ -82,6 +85,8 @@ def compile_report(config) -> dict:
       "mesh": {k: int(v) for k, v in mesh.shape.items()}, "hbm_bytes_per_chip": slice_.chip.hbm_bytes,
       "memory_budget": budget.report(peak), "fits": fits,
       "programs": entries, "state_bytes_per_chip": state, "peak_bytes_per_chip": int(peak),
+      # Parameters replicated over a mesh axis their dimension does not divide (`sharding.undivided`).
+      "undivided_params": undivided,
       "step_flops": total_flops,
       "estimated_step_seconds": total_flops / (slice_.chips * slice_.chip.peak_bf16_flops * report_lib.MFU_ASSUMPTION),
       "mfu_assumption": report_lib.MFU_ASSUMPTION,

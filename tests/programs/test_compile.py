@@ -42,6 +42,12 @@ def test_main_writes_the_report_for_a_slice(tmp_path):
   assert gathered["value"] == "gathered" and "within 90% of 14.9 GiB" in gathered["why"]
   assert "model.dit_attention=auto -> 'splash'" in result.stderr
   assert "rollout.ar_weights=auto -> 'gathered'" in result.stderr
+  # The tiny VAE's last convolution (3 output channels) does not divide fsdp=8: listed, and one info line names it.
+  undivided = report["undivided_params"]
+  assert undivided and {(u["component"], u["name"], u["axis"], u["axis_size"]) for u in undivided} == \
+      {("vae", "conv_out", "fsdp", 8)} and all(u["extra_bytes"] > 0 for u in undivided)
+  assert any(u["path"] == "['decoder']['conv_out']['kernel']" and u["shape"] == [3, 3, 8, 3] for u in undivided)
+  assert f"vae: {len(undivided)} parameter(s) have a dimension that does not divide its mesh axis" in result.stderr
   assert set(report["programs"]) == {"ar_reshard", "ar_sampler", "decoder", "rewards", "update", "decoder_rewards",
                                      "decoder_update"}
   for name, p in report["programs"].items():
