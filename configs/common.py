@@ -246,7 +246,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.ar_weights = "auto"  # "auto", "update" or "gathered".
   # Host-side and served rewards score each decoder call's images while the next call runs (docs/rewards.md);
   # False: after the whole decode. The batch, its rewards and advantages are the same either way.
-  c.rollout.overlap_rewards = True
+  c.rollout.overlap_rewards = True  # Score host rewards a decoder call at a time.
   c.compile = ml_collections.ConfigDict()
   c.compile.topology = ""  # --mode=compile's target: a TPU slice ("v5p-64", "v5e-256", "v6e-8") or GPUs ("h100-8").
   c.compile.programs = ""  # Only these of the step's programs, e.g. "rewards,update"; "" compiles all of them.

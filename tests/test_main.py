@@ -552,8 +552,8 @@ def test_a_reward_server_that_stops_answering_ends_the_run_in_one_line_with_its_
 
   def failing_after_two_steps(images, prompts, metadata):
     calls.append(len(images))
-    if len(calls) > 3:  # the start-up check, steps 1 and 2 (one request each: chunk_size holds a step)
-      raise RuntimeError("scorer lost its GPU")
+    if sum(calls) > 1 + 2 * 16:  # the start-up check's image, then steps 1 and 2 (16 images each, a request per
+      raise RuntimeError("scorer lost its GPU")  # decoder call: chunk_size holds any)
     return server_lib.brightness(images, prompts, metadata)
 
   server = server_lib.RewardServer(failing_after_two_steps, port=0)

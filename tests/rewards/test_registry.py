@@ -10,10 +10,11 @@ def test_builtins_registered_with_their_kind():
   assert kinds == {"brightness": True, "colorfulness": True, "saturation": True, "target_neg_mse": True,
                    "target_psnr": True, "jpeg_compressibility": False, "clip_score": True, "pickscore": True, "hps": True,
                    "image_reward": True, "laion_aesthetic": True, "lpips": True, "remote": False, "text_accuracy": False,
-                   "ocr_word_accuracy": False, "ocr_ned": False, "geneval": False}
+                   "ocr_word_accuracy": False, "ocr_ned": False, "geneval": False,
+                   "vlm_judge": False}
   model_backed = {n for n in rewards.names() if rewards.get(n).model_backed}
   assert model_backed == {"clip_score", "pickscore", "hps", "image_reward", "laion_aesthetic", "lpips", "remote", "text_accuracy",
-                          "ocr_word_accuracy", "ocr_ned", "geneval"}
+                          "ocr_word_accuracy", "ocr_ned", "geneval", "vlm_judge"}
 
 
 def test_register_get_unregister():

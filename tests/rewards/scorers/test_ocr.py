@@ -183,8 +183,9 @@ def test_the_served_scorer_rewards_a_decoupled_runs_decoder_and_scores_the_ocr_b
   (row,) = [json.loads(line) for line in (tmp_path / "decoupled" / "metrics.jsonl").read_text().splitlines()]
   assert row["decoder/reward/text_accuracy/mean"] == 0.0
   answered = posts()[probed:]
-  # The start-up check, then the rollout's 2 prompts x 4 grids x 2 samples = 16 images in chunks of 8.
-  assert len(answered) == 3 and all('" 200 ' in line for line in answered), answered
+  # The start-up check, then the rollout's 2 prompts x 4 grids x 2 samples = 16 images, a request per decoder call
+  # (one image per call on one device), each sent as the call finishes (docs/rewards.md).
+  assert len(answered) == 17 and all('" 200 ' in line for line in answered), answered
 
   metrics = ", ".join(f"{{'name': '{name}', 'weight': {weight}, 'kwargs': {{'url': '{url}'}}}}"
                       for name, weight in (("ocr_word_accuracy", 1.0), ("ocr_ned", 0.0)))
@@ -201,7 +202,7 @@ def test_the_served_scorer_rewards_a_decoupled_runs_decoder_and_scores_the_ocr_b
   assert "| ocr | 4 |" in markdown
   assert all('" 200 ' in line for line in posts())
   # Each metric's start-up check, then its 4 prompts x 8 samples = 32 images in chunks of 8.
-  assert len(posts()) == probed + 3 + 2 * (1 + 4), posts()
+  assert len(posts()) == probed + 17 + 2 * (1 + 4), posts()
 
 
 def test_the_engines_opencv_is_the_headless_build_linking_no_system_gl():
