@@ -32,7 +32,8 @@ def rows_of(metadata: Mapping[str, Any], first: int, stop: int, batch: int) -> d
 
 @functools.lru_cache(maxsize=None)
 def _joined(layout):
-  """The parts' scores as one array of the batch's rows in `layout` (one program per layout, compiled once)."""
+  """The parts' scores as one array of the batch's rows in `layout` (None: the default device), one program per
+  layout and shapes, compiled once."""
   return jax.jit(lambda *parts: jnp.concatenate(parts), out_shardings=layout)
 
 
@@ -67,10 +68,7 @@ class _Scoring:
       done.append(future.result())  # the first failed part raises its error
     if sum(next(iter(d.values())).shape[0] for d in done) != self.batch:
       raise RuntimeError(f"the decoder handed {len(done)} parts that do not cover the batch of {self.batch} images")
-    names = done[0].keys()
-    if layout is None:
-      return {n: jnp.concatenate([d[n] for d in done]) for n in names}
-    return {n: _joined(layout)(*[d[n] for d in done]) for n in names}
+    return {n: _joined(layout)(*[d[n] for d in done]) for n in done[0]}
 
   def close(self) -> None:
     self.failed = True  # parts still queued (the decode failed) are not scored
